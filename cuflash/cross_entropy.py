@@ -32,13 +32,25 @@ Tensor = torch.Tensor
 
 _KERNEL_TYPES = {torch.bfloat16: "cuflash::bf16", torch.float16: "cuflash::fp16", torch.float32: "float"}
 _LABEL_TYPES = (torch.int32, torch.int64)
-THREADS = 256            # forward and backward CTA size (a template argument)
+# (kThreads, kUnroll) of the forward and of the backward: CTA size and 16-byte vectors per
+# thread in flight (template arguments; plans made from now on take changed values)
+FWD = (256, 4)
+BWD = (256, 4)
 _COMBINE_THREADS = 128   # kCeCombineThreads in cross_entropy.cu
 # Few rows: a row is split over CTAs until about CTAS_PER_SM CTAs per SM are launched, each
 # taking at least MIN_SPLIT_COLS columns.
 CTAS_PER_SM = 4
 MIN_SPLIT_COLS = 4096
 _LOG2E = 1.4426950408889634
+
+
+def kernel_names(dtype, fwd: tuple = None, bwd: tuple = None) -> tuple:
+    """The name expressions of one module: forward, combine, backward with 16-byte stores,
+    backward with one-element stores (logits' torch dtype; FWD / BWD unless given)."""
+    (ft, fu), (bt, bu), elem = fwd or FWD, bwd or BWD, _KERNEL_TYPES[dtype]
+    return (f"cuflash::cross_entropy_fwd<{elem}, {ft}, {fu}>", f"cuflash::cross_entropy_fwd_combine<{elem}>",
+            f"cuflash::cross_entropy_bwd<{elem}, {bt}, true, {bu}>",
+            f"cuflash::cross_entropy_bwd<{elem}, {bt}, false, {bu}>")
 
 
 def kernel_takes(logits: Tensor, labels: Tensor) -> bool:
@@ -108,7 +120,8 @@ class _Plan:
     stores or one element per store), grids and packed params with every field but the per-call
     ones (the pointers and the grad_loss / dlogits strides)."""
     __slots__ = ("device", "fwd", "combine", "bwd_vector", "bwd_scalar", "fwd_rec", "bwd_rec", "fwd_grid",
-                 "bwd_grid", "combine_grid", "splits", "lock", "launch", "get_device", "set_device")
+                 "bwd_grid", "combine_grid", "splits", "lock", "launch", "get_device", "set_device",
+                 "fwd_threads", "bwd_threads")
 
     def __init__(self, logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start,
                  total_classes):
@@ -119,10 +132,8 @@ class _Plan:
         rows, n_cols = logits.shape
         self.device = logits.device.index
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        elem = _KERNEL_TYPES[logits.dtype]
-        exprs = (f"cuflash::cross_entropy_fwd<{elem}, {THREADS}>", f"cuflash::cross_entropy_fwd_combine<{elem}>",
-                 f"cuflash::cross_entropy_bwd<{elem}, {THREADS}, true>",
-                 f"cuflash::cross_entropy_bwd<{elem}, {THREADS}, false>")
+        exprs = kernel_names(logits.dtype)
+        self.fwd_threads, self.bwd_threads = FWD[0], BWD[0]
         self.launch = driver.launchKernel
         self.get_device, self.set_device = get_device, set_device = _device_fns()
         current = get_device()
@@ -159,7 +170,7 @@ class _Plan:
             if current != self.device:
                 self.set_device(self.device)
             try:
-                self._run(self.fwd, self.fwd_grid, THREADS, rec, stream)
+                self._run(self.fwd, self.fwd_grid, self.fwd_threads, rec, stream)
                 if self.splits > 1:
                     self._run(self.combine, self.combine_grid, _COMBINE_THREADS, rec, stream)
             finally:
@@ -174,7 +185,8 @@ class _Plan:
             if current != self.device:
                 self.set_device(self.device)
             try:
-                self._run(self.bwd_vector if vector else self.bwd_scalar, self.bwd_grid, THREADS, rec, stream)
+                self._run(self.bwd_vector if vector else self.bwd_scalar, self.bwd_grid, self.bwd_threads, rec,
+                          stream)
             finally:
                 if current != self.device:
                     self.set_device(current)
@@ -206,7 +218,7 @@ compile_mod.on_change(_drop_plans)
 
 def _plan(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start, total_classes):
     key = (logits.shape, logits.stride(0), logits.dtype, logits.device, labels.dtype, smoothing, logit_scale,
-           lse_square_scale, ignore_index, class_start, total_classes)
+           lse_square_scale, ignore_index, class_start, total_classes, FWD, BWD, CTAS_PER_SM)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _Plan(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index,

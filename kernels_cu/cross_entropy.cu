@@ -22,7 +22,7 @@
 //
 // Work split: grid rows · splits CTAs of kThreads threads; CTA (row, split) takes the columns
 // [split · split_cols, ...) of its row (the last split to the row's end). Each CTA reads its
-// columns in 16-byte vectors from the first 16-byte boundary on (kCeUnroll vectors in flight
+// columns in 16-byte vectors from the first 16-byte boundary on (kUnroll vectors in flight
 // per thread); the few columns before that boundary and after the last one go one element per
 // thread, so any row stride and any vocab size (odd ones: 50257) take the vector loop.
 // splits > 1 (few rows: the host splits rows to fill the GPU): each forward CTA writes its
@@ -31,6 +31,7 @@
 // Template parameters:
 //   Elem      bf16, fp16 or float: logits and dlogits
 //   kThreads  threads per CTA (a multiple of 32, >= 2 · 16-byte vector elements)
+//   kUnroll   16-byte vectors per thread in flight (loads issued together, then one online step)
 //   kVector   backward only: 16-byte stores of dlogits too (the host takes it when dlogits' rows
 //             have the logits' 16-byte phase, always so in place); false: dlogits one element per store
 #include "ptx.cuh"
@@ -41,7 +42,6 @@ namespace cuflash {
 
 constexpr float kCeLog2e = 1.4426950408889634f;
 constexpr float kCeLn2 = 0.6931471805599453f;
-constexpr int kCeUnroll = 4;              // 16-byte vectors per thread in flight
 constexpr int kCeCombineThreads = 128;
 
 // One logits / dlogits element as fp32 and back, and a 16-byte vector of them. bf16 and fp16
@@ -190,7 +190,7 @@ __device__ __forceinline__ float label_logit(const CrossEntropyParams& p, int ro
     return CeElem<Elem>::load(logits[local]) * p.logit_scale;
 }
 
-template <class Elem, int kThreads>
+template <class Elem, int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
 cross_entropy_fwd(const CrossEntropyParams p) {
     using E = CeElem<Elem>;
@@ -220,15 +220,15 @@ cross_entropy_fwd(const CrossEntropyParams p) {
         st.add(x, zs, p.scale_log2);
     }
     const u32x4* vec = reinterpret_cast<const u32x4*>(logits + span.vec_begin);
-    for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kCeUnroll) {
-        u32x4 w[kCeUnroll];
+    for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kUnroll) {
+        u32x4 w[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kCeUnroll; ++u)  // every load first: kCeUnroll requests in flight
+        for (int u = 0; u < kUnroll; ++u)  // every load first: kUnroll requests in flight
             w[u] = v0 + u * kThreads < span.n_vec ? vec[v0 + u * kThreads] : u32x4{0u, 0u, 0u, 0u};
-        float x[kCeUnroll * kVec];
+        float x[kUnroll * kVec];
         float zs = 0.f;
 #pragma unroll
-        for (int u = 0; u < kCeUnroll; ++u) {
+        for (int u = 0; u < kUnroll; ++u) {
             float xv[kVec];
             E::unpack(w[u], xv);
             const bool valid = v0 + u * kThreads < span.n_vec;
@@ -263,7 +263,7 @@ cross_entropy_fwd_combine(const CrossEntropyParams p) {
     finish_row<Elem>(p, row, st, label, label_logit<Elem>(p, row, label));
 }
 
-template <class Elem, int kThreads, bool kVector>
+template <class Elem, int kThreads, bool kVector, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
 cross_entropy_bwd(const CrossEntropyParams p) {
     using E = CeElem<Elem>;
@@ -301,13 +301,13 @@ cross_entropy_bwd(const CrossEntropyParams p) {
         }
         const u32x4* vec = reinterpret_cast<const u32x4*>(logits + span.vec_begin);
         u32x4* dvec = reinterpret_cast<u32x4*>(dlogits + span.vec_begin);
-        for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kCeUnroll) {
-            u32x4 w[kCeUnroll];
+        for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kUnroll) {
+            u32x4 w[kUnroll];
 #pragma unroll
-            for (int u = 0; u < kCeUnroll; ++u)
+            for (int u = 0; u < kUnroll; ++u)
                 if (v0 + u * kThreads < span.n_vec) w[u] = vec[v0 + u * kThreads];
 #pragma unroll
-            for (int u = 0; u < kCeUnroll; ++u) {
+            for (int u = 0; u < kUnroll; ++u) {
                 const int v = v0 + u * kThreads;
                 if (v >= span.n_vec) break;
                 float x[kVec];

@@ -92,6 +92,46 @@ def case(rows, vocab, compile_fn=None):
     return out
 
 
+def variant_case(rows, vocab, variants, ctas_per_sm=()):
+    """cuflash alone at (threads, unroll) variants (forward and backward alike) and at other
+    CTAS_PER_SM (row splits), forward and forward + backward, interleaved."""
+    from cuflash import cross_entropy as ce
+
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16).mul_(3).requires_grad_(True)
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    nbytes = logits.numel() * logits.element_size()
+    default = (ce.FWD, ce.BWD, ce.CTAS_PER_SM)
+
+    def with_setting(fn, fwd_bwd, cps):
+        def run():
+            ce.FWD = ce.BWD = fwd_bwd
+            ce.CTAS_PER_SM = cps
+            try:
+                fn()
+            finally:
+                ce.FWD, ce.BWD, ce.CTAS_PER_SM = default
+        return run
+
+    def fwd():
+        with torch.no_grad():
+            kernel_loss(logits, labels)
+
+    def fb():
+        kernel_loss(logits, labels).sum().backward()
+        logits.grad = None
+
+    settings = {f"{t}x{u}": ((t, u), default[2]) for t, u in variants}
+    settings.update({f"cps{c}": (default[0], c) for c in ctas_per_sm})
+    ft = time_interleaved({k: with_setting(fwd, *v) for k, v in settings.items()}, reps=15, back_to_back=5)
+    bt = time_interleaved({k: with_setting(fb, *v) for k, v in settings.items()}, reps=11, back_to_back=3)
+    return {"what": "cuflash variants (threads x unroll, CTAS_PER_SM)", "rows": rows, "vocab": vocab,
+            "default": f"{default[0][0]}x{default[0][1]} cps{default[2]}",
+            "fwd_ms": {k: round(v.median_ms, 4) for k, v in ft.items()},
+            "fwd_gbs": {k: round(nbytes / v.median_ms / 1e6, 1) for k, v in ft.items()},
+            "fwd_bwd_ms": {k: round(v.median_ms, 4) for k, v in bt.items()},
+            "fwd_bwd_gbs": {k: round(3 * nbytes / v.median_ms / 1e6, 1) for k, v in bt.items()}}
+
+
 def host_times():
     """Host µs per eager call (GPU work tiny: 8 x 512), forward only and forward + backward."""
     logits = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -125,9 +165,20 @@ def main():
     ap.add_argument("--compile", action="store_true", help="add torch.compile(F.cross_entropy)")
     ap.add_argument("--shapes", default="", help="rows x vocab list, e.g. 8192x32000,2048x256000")
     ap.add_argument("--no-host", action="store_true")
+    ap.add_argument("--variants", default="", help="only cuflash at (threads x unroll) variants, e.g. 256x4,512x2")
+    ap.add_argument("--cps", default="", help="with --variants: CTAS_PER_SM values too, e.g. 8,16")
     a = ap.parse_args()
     shapes = SHAPES if not a.shapes else tuple(tuple(int(v) for v in s.split("x")) for s in a.shapes.split(","))
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    if a.variants:
+        variants = [tuple(int(x) for x in v.split("x")) for v in a.variants.split(",")]
+        cps = [int(c) for c in a.cps.split(",") if c]
+        for rows, vocab in shapes:
+            res["rows"].append(variant_case(rows, vocab, variants, cps))
+            print(json.dumps(res["rows"][-1]), flush=True)
+            with open(a.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
     compile_fn = None
     if a.compile:
         compile_fn = torch.compile(lambda lg, lb: F.cross_entropy(lg, lb, reduction="none"), dynamic=False)

@@ -150,12 +150,10 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 
 def instantiations():
-    out = []
-    for e in ce_kernels._KERNEL_TYPES.values():
-        out.append(f"cuflash::cross_entropy_fwd<{e}, {ce_kernels.THREADS}>")
-        out.append(f"cuflash::cross_entropy_fwd_combine<{e}>")
-        out += [f"cuflash::cross_entropy_bwd<{e}, {ce_kernels.THREADS}, {v}>" for v in ("true", "false")]
-    return out
+    """Every dtype's default module, and bf16 at the timing script's other CTA sizes / unrolls."""
+    out = [n for dt in ce_kernels._KERNEL_TYPES for n in ce_kernels.kernel_names(dt)]
+    out += [n for v in ((128, 4), (512, 2), (512, 4), (1024, 2)) for n in ce_kernels.kernel_names(torch.bfloat16, v, v)]
+    return list(dict.fromkeys(out))
 
 
 @needs_nvcc
