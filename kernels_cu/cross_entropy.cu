@@ -219,25 +219,31 @@ cross_entropy_fwd(const CrossEntropyParams p) {
         if (threadIdx.x < span.n_edge) zs = x[0] = E::load(logits[span.edge_col(c0, threadIdx.x)]);
         st.add(x, zs, p.scale_log2);
     }
+    // whole steps of kUnroll vectors per thread (all loads issued first, no bounds checks), then
+    // the thread's last few vectors one at a time
     const u32x4* vec = reinterpret_cast<const u32x4*>(logits + span.vec_begin);
-    for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kUnroll) {
+    int v = threadIdx.x;
+    for (; v + (kUnroll - 1) * kThreads < span.n_vec; v += kUnroll * kThreads) {
         u32x4 w[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)  // every load first: kUnroll requests in flight
-            w[u] = v0 + u * kThreads < span.n_vec ? vec[v0 + u * kThreads] : u32x4{0u, 0u, 0u, 0u};
+        for (int u = 0; u < kUnroll; ++u) w[u] = vec[v + u * kThreads];
         float x[kUnroll * kVec];
         float zs = 0.f;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             float xv[kVec];
             E::unpack(w[u], xv);
-            const bool valid = v0 + u * kThreads < span.n_vec;
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) {
-                zs += valid ? xv[i] : 0.f;
-                x[u * kVec + i] = valid ? xv[i] : neg_inf();
-            }
+            for (int i = 0; i < kVec; ++i) zs += x[u * kVec + i] = xv[i];
         }
+        st.add(x, zs, p.scale_log2);
+    }
+    for (; v < span.n_vec; v += kThreads) {
+        float x[kVec];
+        E::unpack(vec[v], x);
+        float zs = 0.f;
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) zs += x[i];
         st.add(x, zs, p.scale_log2);
     }
     st = reduce_cta<kThreads>(st, red_smem, p.scale_log2);
@@ -263,36 +269,15 @@ cross_entropy_fwd_combine(const CrossEntropyParams p) {
     finish_row<Elem>(p, row, st, label, label_logit<Elem>(p, row, label));
 }
 
-template <class Elem, int kThreads, bool kVector, int kUnroll>
-__global__ void __launch_bounds__(kThreads)
-cross_entropy_bwd(const CrossEntropyParams p) {
+// One CTA's gradient columns [c0, c1) of a row: dlogits[col] = grad(logits[col] as fp32, col),
+// rounded once to Elem (kVector: 16-byte loads and stores in whole steps of kUnroll vectors, as
+// the forward's loop; else one element per access).
+template <class Elem, int kThreads, bool kVector, int kUnroll, class Grad>
+__device__ __forceinline__ void write_grad_span(const typename CeElem<Elem>::Storage* logits,
+                                                typename CeElem<Elem>::Storage* dlogits, int c0, int c1,
+                                                const Grad& grad) {
     using E = CeElem<Elem>;
-    using S = typename E::Storage;
     constexpr int kVec = E::kVec;
-    static_assert(kThreads % 32 == 0 && kThreads >= 2 * kVec, "whole warps; one edge column per thread");
-
-    const int row = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-    const int c0 = split * p.split_cols;
-    const int c1 = split + 1 == p.splits ? p.n_cols : c0 + p.split_cols;
-    const S* logits = static_cast<const S*>(p.logits) + row * p.logits_row_stride;
-    S* dlogits = static_cast<S*>(p.dlogits) + row * p.dlogits_row_stride;
-
-    const i64 label = ce_label(p, row);
-    const bool ignored = label == p.ignore_index;
-    const float c = ignored ? 0.f : p.grad_loss[row * p.grad_loss_stride] * p.logit_scale;
-    const float lse = p.lse[row];
-    const float factor = c * fmaf(2.f * p.lse_square_scale, lse, 1.f);
-    const float flat = c * p.smooth_per_class;
-    const float hit = (1.f - p.smoothing) * c;
-    const i64 label_col = label - p.class_start;   // the one-hot column (outside [c0, c1): none)
-    // p = exp(z - lse) as 2^((x · scale - lse) · log2e): the difference rounded once at its own
-    // (small) scale, not lse · log2e at lse's
-    auto grad = [&](float x, int col) {
-        float g = fmaf(exp2_approx(fmaf(x, p.logit_scale, -lse) * kCeLog2e), factor, -flat);
-        if (col == label_col) g -= hit;
-        return ignored ? 0.f : g;
-    };
-
     if constexpr (kVector) {
         const CeSpan<Elem> span(logits, c0, c1);
         if (threadIdx.x < span.n_edge) {
@@ -301,25 +286,60 @@ cross_entropy_bwd(const CrossEntropyParams p) {
         }
         const u32x4* vec = reinterpret_cast<const u32x4*>(logits + span.vec_begin);
         u32x4* dvec = reinterpret_cast<u32x4*>(dlogits + span.vec_begin);
-        for (int v0 = threadIdx.x; v0 < span.n_vec; v0 += kThreads * kUnroll) {
+        auto step = [&](const u32x4& w, int v) {
+            float x[kVec];
+            E::unpack(w, x);
+            const int col = span.vec_begin + v * kVec;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) x[i] = grad(x[i], col + i);
+            dvec[v] = E::pack(x);
+        };
+        int v = threadIdx.x;
+        for (; v + (kUnroll - 1) * kThreads < span.n_vec; v += kUnroll * kThreads) {
             u32x4 w[kUnroll];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-                if (v0 + u * kThreads < span.n_vec) w[u] = vec[v0 + u * kThreads];
+            for (int u = 0; u < kUnroll; ++u) w[u] = vec[v + u * kThreads];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int v = v0 + u * kThreads;
-                if (v >= span.n_vec) break;
-                float x[kVec];
-                E::unpack(w[u], x);
-#pragma unroll
-                for (int i = 0; i < kVec; ++i) x[i] = grad(x[i], span.vec_begin + v * kVec + i);
-                dvec[v] = E::pack(x);
-            }
+            for (int u = 0; u < kUnroll; ++u) step(w[u], v + u * kThreads);
         }
+        for (; v < span.n_vec; v += kThreads) step(vec[v], v);
     } else {
         for (int col = c0 + threadIdx.x; col < c1; col += kThreads) dlogits[col] = E::round(grad(E::load(logits[col]), col));
     }
+}
+
+template <class Elem, int kThreads, bool kVector, int kUnroll>
+__global__ void __launch_bounds__(kThreads)
+cross_entropy_bwd(const CrossEntropyParams p) {
+    using E = CeElem<Elem>;
+    using S = typename E::Storage;
+    static_assert(kThreads % 32 == 0 && kThreads >= 2 * E::kVec, "whole warps; one edge column per thread");
+
+    const int row = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+    const int c0 = split * p.split_cols;
+    const int c1 = split + 1 == p.splits ? p.n_cols : c0 + p.split_cols;
+    const S* logits = static_cast<const S*>(p.logits) + row * p.logits_row_stride;
+    S* dlogits = static_cast<S*>(p.dlogits) + row * p.dlogits_row_stride;
+
+    const i64 label = ce_label(p, row);
+    if (label == p.ignore_index) {   // a zero row (the whole CTA takes this branch)
+        write_grad_span<Elem, kThreads, kVector, kUnroll>(logits, dlogits, c0, c1, [](float, int) { return 0.f; });
+        return;
+    }
+    const float c = p.grad_loss[row * p.grad_loss_stride] * p.logit_scale;
+    const float lse = p.lse[row];
+    const float factor = c * fmaf(2.f * p.lse_square_scale, lse, 1.f);
+    const float flat = c * p.smooth_per_class;
+    const float hit = (1.f - p.smoothing) * c;
+    // the one-hot column when it is one of this CTA's, else -1 (an int compare per element)
+    const i64 label_col = label - p.class_start;
+    const int hit_col = c0 <= label_col && label_col < c1 ? static_cast<int>(label_col) : -1;
+    // p = exp(z - lse) as 2^((x · scale - lse) · log2e): the difference rounded once at its own
+    // (small) scale, not lse · log2e at lse's
+    write_grad_span<Elem, kThreads, kVector, kUnroll>(logits, dlogits, c0, c1, [&](float x, int col) {
+        const float g = fmaf(exp2_approx(fmaf(x, p.logit_scale, -lse) * kCeLog2e), factor, -flat);
+        return col == hit_col ? g - hit : g;
+    });
 }
 
 }  // namespace cuflash
