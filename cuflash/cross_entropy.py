@@ -242,10 +242,12 @@ def forward(logits: Tensor, labels: Tensor, smoothing: float, logit_scale: float
     if rows:
         plan = _plan(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start,
                      total_classes)
-        partials = torch.empty(rows * plan.splits * 3 if plan.splits > 1 else 0, dtype=torch.float32,
-                               device=logits.device)
-        plan.forward((logits.data_ptr(), labels.data_ptr(), *(t.data_ptr() for t in outs), partials.data_ptr(),
-                      0, 0), logits.stride(0), _raw_stream(plan.device))
+        partials = None   # the split rows' states (torch's caching allocator; held until the launch is queued)
+        if plan.splits > 1:
+            partials = torch.empty(rows * plan.splits * 3, dtype=torch.float32, device=logits.device)
+        plan.forward((logits.data_ptr(), labels.data_ptr(), *(t.data_ptr() for t in outs),
+                      0 if partials is None else partials.data_ptr(), 0, 0), logits.stride(0),
+                     _raw_stream(plan.device))
     return outs
 
 
