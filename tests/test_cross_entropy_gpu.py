@@ -127,3 +127,41 @@ def test_matches_composition_and_broadcast_grad(poison_outputs):
     assert (out[0][0] - out[1][0]).abs().max().item() < 1e-4
     assert (out[0][1].float() - out[1][1].float()).abs().max().item() < 1e-6
     assert torch.equal(out[0][1][labels == -100], torch.zeros_like(out[0][1][labels == -100]))
+
+
+def test_cuda_graph_replay(poison_outputs):
+    """The kernels launch on torch's current stream with torch-allocated outputs: a forward and a
+    backward captured in a CUDA graph replay on new logits in place, equal to eager calls."""
+    from cuflash import api
+
+    torch.manual_seed(6)
+    rows, vocab = 37, 50257
+    logits = (3 * torch.randn(rows, vocab, device="cuda")).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    labels[::4] = -100
+    g = torch.rand(rows, device="cuda")
+    args = (0.1, 1.3, 1e-3, -100, 0, vocab)
+
+    def step():
+        loss, z, lse, _ = ce_kernels.forward(logits, labels, *args)
+        return loss, z, ce_kernels.backward(g, logits, lse, labels, *args, False)
+
+    api.POISON_OUTPUTS = False   # no fill_ inside the capture
+    try:
+        step()   # plans made, kernels loaded, before the capture
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = step()
+        logits.copy_((3 * torch.randn(rows, vocab, device="cuda")).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = step()
+    finally:
+        api.POISON_OUTPUTS = True
+    for a, b in zip(outs, want):
+        assert torch.equal(a, b)
