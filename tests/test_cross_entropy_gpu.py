@@ -165,3 +165,28 @@ def test_cuda_graph_replay(poison_outputs):
         api.POISON_OUTPUTS = True
     for a, b in zip(outs, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_precomputed_lse(poison_outputs, inplace):
+    """precomputed_lse (logit_scale 1, no smoothing): the loss from the given LSE, the gradient by
+    the backward kernel with p = exp(z - lse)."""
+    torch.manual_seed(7)
+    rows, vocab = 41, 50257
+    logits = (3 * torch.randn(rows, vocab, device="cuda")).to(torch.bfloat16)
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    labels[::6] = -100
+    lse = torch.logsumexp(logits.double(), -1).float()
+    g = torch.rand(rows, device="cuda")
+    leaf = logits.clone().requires_grad_(True)
+    x = leaf.clone() if inplace else leaf
+    loss, _ = cross_entropy_loss(x, labels, precomputed_lse=lse, lse_square_scale=1e-3, inplace_backward=inplace)
+    (ga,) = torch.autograd.grad(loss, leaf, g)
+    l64 = logits.double().requires_grad_(True)
+    ref, _ = formula(l64, labels, 0.0, 1.0, 1e-3)
+    (gr,) = torch.autograd.grad(ref, l64, g.double())
+    lb = logits.clone().requires_grad_(True)
+    base, _ = formula(lb, labels, 0.0, 1.0, 1e-3)
+    (gb,) = torch.autograd.grad(base, lb, g.to(torch.bfloat16))
+    check(loss, ref, base, 2, "loss", floor=1e-5)
+    check(ga, gr, gb, 3, "dlogits", floor=1e-6)
