@@ -33,9 +33,12 @@ Tensor = torch.Tensor
 _KERNEL_TYPES = {torch.bfloat16: "cuflash::bf16", torch.float16: "cuflash::fp16", torch.float32: "float"}
 _LABEL_TYPES = (torch.int32, torch.int64)
 # (kThreads, kUnroll) of the forward and of the backward: CTA size and 16-byte vectors per
-# thread in flight (template arguments; plans made from now on take changed values)
+# thread in flight (template arguments; plans made from now on take changed values). H100, bf16,
+# 32000 to 256000 columns (logs/session27_ce1/round2/variants.json): the forward within 2% from
+# 128x4 to 512x2 (256x4 best or tied, 1024x2 up to 35% slower at 32000), the backward 1-3% faster
+# at 512x4 than at 256x4; row splits beyond CTAS_PER_SM 4 changed nothing at 2048 rows.
 FWD = (256, 4)
-BWD = (256, 4)
+BWD = (512, 4)
 _COMBINE_THREADS = 128   # kCeCombineThreads in cross_entropy.cu
 # Few rows: a row is split over CTAs until about CTAS_PER_SM CTAs per SM are launched, each
 # taking at least MIN_SPLIT_COLS columns.

@@ -152,7 +152,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def instantiations():
     """Every dtype's default module, and bf16 at the timing script's other CTA sizes / unrolls."""
     out = [n for dt in ce_kernels._KERNEL_TYPES for n in ce_kernels.kernel_names(dt)]
-    out += [n for v in ((128, 4), (512, 2), (512, 4), (1024, 2)) for n in ce_kernels.kernel_names(torch.bfloat16, v, v)]
+    out += [n for v in ((128, 4), (256, 4), (512, 2), (1024, 2)) for n in ce_kernels.kernel_names(torch.bfloat16, v, v)]
     return list(dict.fromkeys(out))
 
 
