@@ -1609,3 +1609,66 @@ def rotary_traced(x, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen, interleav
         return x.copy_(torch.ops.cuflash.rotary(x, cos, sin, *args))
     torch.ops.cuflash.rotary_(x, cos, sin, *args)
     return x
+
+
+# ---------------------------------------------------------------------------------------
+# cross-entropy (cuflash.ops.cross_entropy): its eager path calls cuflash.cross_entropy directly
+# (no dispatcher); these ops are what torch.compile traces inside its autograd.Function. No
+# autograd on the ops: the Function owns it. cuflash::cross_entropy_bwd_ writes the gradient
+# into the logits (inplace_backward: the schema's mutation mark).
+
+_CE_ARGS = ("float smoothing, float logit_scale, float lse_square_scale, int ignore_index, int class_start, "
+            "int total_classes")
+torch.library.define("cuflash::cross_entropy_fwd",
+                     f"(Tensor logits, Tensor labels, {_CE_ARGS}) -> (Tensor, Tensor, Tensor, Tensor)")
+torch.library.define("cuflash::cross_entropy_bwd",
+                     f"(Tensor grad_loss, Tensor logits, Tensor lse, Tensor labels, {_CE_ARGS}) -> Tensor")
+torch.library.define("cuflash::cross_entropy_bwd_",
+                     f"(Tensor grad_loss, Tensor(a!) logits, Tensor lse, Tensor labels, {_CE_ARGS}) -> ()")
+
+
+def _ce_fwd_op(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start, total_classes):
+    from . import cross_entropy
+
+    return cross_entropy.forward(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index,
+                                 class_start, total_classes)
+
+
+def _ce_bwd_op(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, ignore_index,
+               class_start, total_classes):
+    from . import cross_entropy
+
+    return cross_entropy.backward(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale,
+                                  ignore_index, class_start, total_classes, False)
+
+
+def _ce_bwd_inplace_op(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, ignore_index,
+                       class_start, total_classes):
+    from . import cross_entropy
+
+    cross_entropy.backward(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale,
+                           ignore_index, class_start, total_classes, True)
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::cross_entropy_fwd", _key)(_ce_fwd_op)
+    torch.library.impl("cuflash::cross_entropy_bwd", _key)(_ce_bwd_op)
+    torch.library.impl("cuflash::cross_entropy_bwd_", _key)(_ce_bwd_inplace_op)
+
+
+@torch.library.register_fake("cuflash::cross_entropy_fwd")
+def _(logits, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start, total_classes):
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return tuple(logits.new_empty(logits.shape[0], dtype=dtype) for _ in range(4))
+
+
+@torch.library.register_fake("cuflash::cross_entropy_bwd")
+def _(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start,
+      total_classes):
+    return torch.empty_like(logits)
+
+
+@torch.library.register_fake("cuflash::cross_entropy_bwd_")
+def _(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start,
+      total_classes):
+    return None

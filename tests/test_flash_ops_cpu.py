@@ -450,8 +450,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ce_split_worker(rank, world, port, kw):
+def _ce_split_worker(rank, world, port, kw, ops_route=False):
     import torch.distributed as dist
+
+    from cuflash.ops import cross_entropy as ce_ops
+    ce_ops.OPS_ROUTE_ON_CPU = ops_route   # the kernel route's plumbing (its ops' CPU impls)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(20)
@@ -480,10 +483,11 @@ def _ce_split_worker(rank, world, port, kw):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("route", ["composition", "kernel_route"])
 @pytest.mark.parametrize("case", ["plain", "all"])
-def test_cross_entropy_vocab_split_two_gloo_processes(case):
+def test_cross_entropy_vocab_split_two_gloo_processes(case, route):
     mp = pytest.importorskip("torch.multiprocessing")
-    mp.spawn(_ce_split_worker, args=(2, _free_port(), CE_CASES[case]), nprocs=2, join=True)
+    mp.spawn(_ce_split_worker, args=(2, _free_port(), CE_CASES[case], route == "kernel_route"), nprocs=2, join=True)
 
 
 # ---------------------------------------------------------------------------------------------

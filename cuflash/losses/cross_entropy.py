@@ -1,6 +1,6 @@
 """``flash_attn.losses.cross_entropy.CrossEntropyLoss`` → ``cuflash.losses.cross_entropy``: the
-module over ``cuflash.ops.cross_entropy.cross_entropy_loss`` (a torch composition, see there for the
-formula), with flash-attn 2.8's constructor arguments, forward and reductions."""
+module over ``cuflash.ops.cross_entropy.cross_entropy_loss`` (fused CUDA kernels on CUDA tensors, a
+torch composition on the others; see there for the formula), with flash-attn 2.8's constructor arguments, forward and reductions."""
 from __future__ import annotations
 
 import torch.nn as nn
