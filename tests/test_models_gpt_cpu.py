@@ -434,6 +434,8 @@ def test_from_pretrained_gpt2_file(tmp_path):
     m = GPTLMHeadModel.from_pretrained(str(path), cfg, dtype=F64).eval()
     ids = torch.randint(0, 97, (2, 6))
     assert torch.allclose(m(ids).logits, plain_gpt2(sd, cfg, ids), atol=1e-10, rtol=1e-9)
+    again = GPTLMHeadModel.from_pretrained("any-name", cfg, state_dict=m.state_dict(), dtype=F64).eval()
+    assert torch.equal(again(ids).logits, m(ids).logits)      # cuflash's own keys load as they are
 
 
 # ---------------------------------------------------------------------------------------

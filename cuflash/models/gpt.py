@@ -355,9 +355,10 @@ class GPTPreTrainedModel(nn.Module):
                         state_dict=None, **kwargs):
         """flash-attn's ``from_pretrained(model_name, config, ...)`` without the download: the
         weights are ``state_dict`` if given, else the local checkpoint file ``model_name``
-        (``torch.load``, on the CPU). Hugging Face GPT-2 ("gpt2..." names, or ``h.0.`` keys) and
-        Llama ("...llama..." names, or ``model.layers.`` keys) state dicts are remapped;
-        world_size > 1: this rank's shard (``shard_state_dict_tp``)."""
+        (``torch.load``, on the CPU). Hugging Face GPT-2 (``wte.`` / ``h.{i}.`` keys, with or without
+        ``transformer.``) and Llama (``model.embed_tokens.`` / ``model.layers.`` keys) state dicts are
+        remapped (flash-attn picks the remap by model name; here the keys say it), others load as
+        they are; world_size > 1: this rank's shard (``shard_state_dict_tp``)."""
         model = cls(config, *args, device=device, dtype=dtype, **kwargs)
         if state_dict is None:
             if not (isinstance(model_name, (str, os.PathLike)) and os.path.isfile(model_name)):
@@ -366,12 +367,11 @@ class GPTPreTrainedModel(nn.Module):
             state_dict = torch.load(model_name, map_location="cpu", weights_only=True)
         if not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
-        name = os.fspath(model_name).lower() if isinstance(model_name, (str, os.PathLike)) else ""
         keys = list(state_dict)
-        if "llama" in name or any(k.startswith("model.layers.") for k in keys):
+        if any(k.startswith(("model.embed_tokens.", "model.layers.")) for k in keys):
             from .llama import remap_state_dict_hf_llama
             state_dict = remap_state_dict_hf_llama(state_dict, config)
-        elif os.path.basename(name).startswith("gpt2") or any(re.match(r"^(transformer\.)?h\.\d+\.", k) for k in keys):
+        elif any(re.match(r"^(transformer\.)?(h\.\d+\.|wte\.)", k) for k in keys):
             state_dict = remap_state_dict_hf_gpt2(state_dict, config)
         if dtype is not None:
             state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
@@ -543,12 +543,12 @@ class GPTLMHeadModel(GPTPreTrainedModel, GenerationMixin):
             logits = torch.cat(gathered.split(batch, dim=0), dim=-1)
         return CausalLMOutput(logits=logits)
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_state_dict(self, state_dict, strict=True, assign=False):
         """nn.Module's, after moving the norms of flash-attn's older checkpoints (those with
         ``transformer.ln_0``: norm after the mixer / MLP) to this layout (norm before)."""
         if "transformer.ln_0.weight" in state_dict:
             state_dict = _move_old_norms(dict(state_dict), len(self.transformer.layers))
-        return super().load_state_dict(state_dict, strict=strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def _move_old_norms(sd: dict, n_layers: int) -> dict:

@@ -13,7 +13,8 @@ Differences from flash-attn: the outputs are this module's ``GreedySearchDecoder
 ``SampleDecoderOnlyOutput`` dataclasses (``sequences``, ``scores``; transformers is not needed);
 ``cg=True`` (flash-attn's CUDA-graph capture of the decoding step) is accepted and runs the same
 steps without graphs (same tokens, no capture); ``min_p`` applies with any ``top_k`` (flash-attn's
-only with ``top_k=0``)."""
+only with ``top_k=0``); ``max_length`` must exceed the prompt's length (flash-attn then returns one
+token past max_length) and the sampling arguments are checked (``ValueError`` naming them)."""
 from __future__ import annotations
 
 import time
