@@ -7,6 +7,7 @@ pad_vocab_size_multiple, GQA, the config switches' equivalences (fused paths = u
 configs that are refused (the attribute named), greedy generation against a hand-stepped
 forward, the sampling filters, embeddings, tensor-parallel state-dict splits and flash-attn's
 signatures."""
+import dataclasses
 import inspect
 import math
 import types
@@ -160,6 +161,11 @@ def test_simple_namespace_config_and_position_ids():
     assert (hf_like.n_embd, hf_like.n_head, hf_like.n_layer, hf_like.n_positions) == (32, 2, 1, 16)
     assert hf_like.hidden_size == 32 and hf_like.activation_function == "gelu_new"
     assert GPTModel(hf_like).layers[0].mixer.num_heads == 2
+    assert dataclasses.is_dataclass(GPT2Config) and hf_like == GPT2Config(vocab_size=50, n_embd=32, n_head=2, n_layer=1,
+                                                                           n_positions=16)
+    names = {f.name for f in dataclasses.fields(GPT2Config)}
+    assert {"n_head_kv", "rotary_emb_fraction", "use_flash_attn", "pad_vocab_size_multiple"} <= names
+    assert GPT2Config(my_switch=3).my_switch == 3 and GPT2Config().to_dict()["n_embd"] == 768
 
 
 # ---------------------------------------------------------------------------------------

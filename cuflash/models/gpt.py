@@ -17,10 +17,11 @@ GPTLMHeadModel``, with the same config switches, module tree and state-dict keys
 * ``create_mixer_cls``, ``create_mlp_cls``, ``create_block``: the per-layer factories;
   ``remap_state_dict_hf_gpt2``: a Hugging Face GPT-2 state dict → this model's keys;
   ``shard_state_dict_tp`` / ``combine_state_dicts_tp``: a model's state dict ↔ one rank's.
-* ``GPT2Config``: a small stand-in for transformers' ``GPT2Config`` (its attribute names and
-  defaults; ``hidden_size`` / ``num_attention_heads`` / ``num_hidden_layers`` /
-  ``max_position_embeddings`` read as ``n_embd`` / ``n_head`` / ``n_layer`` / ``n_positions``; any
-  other keyword becomes an attribute). Any object with those attribute names works as config
+* ``GPT2Config``: a dataclass standing in for transformers' ``GPT2Config`` (its attribute names
+  and defaults, and flash-attn's switches as fields with flash-attn's defaults; ``hidden_size`` /
+  ``num_attention_heads`` / ``num_hidden_layers`` / ``max_position_embeddings`` read as ``n_embd`` /
+  ``n_head`` / ``n_layer`` / ``n_positions``; any other keyword becomes an attribute). Any object
+  with those attribute names works as config
   (transformers' own ``GPT2Config``, a ``types.SimpleNamespace``): ``vocab_size``, ``n_embd``,
   ``n_head`` and ``n_layer`` are required, the other GPT2Config attributes take GPT2Config's
   defaults when absent, flash-attn's extra switches theirs.
@@ -58,7 +59,9 @@ import os
 import re
 from collections import OrderedDict, namedtuple
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from functools import partial
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.nn as nn
@@ -96,23 +99,69 @@ _ACTIVATIONS = ("gelu",) + _TANH_GELU + ("relu", "sqrelu") + tuple(_GATED)
 _MISSING = object()
 
 
+@dataclass(init=False)
 class GPT2Config:
-    """transformers' ``GPT2Config`` attribute names and defaults, without transformers:
-    ``GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
-    n_inner=None, activation_function='gelu_new', resid_pdrop=0.1, embd_pdrop=0.1,
-    attn_pdrop=0.1, layer_norm_epsilon=1e-5, initializer_range=0.02, scale_attn_weights=True,
-    scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False, bos_token_id=50256,
-    eos_token_id=50256, tie_word_embeddings=True, **kwargs)``; kwargs (flash-attn's switches:
-    ``rotary_emb_fraction``, ``use_flash_attn``, ...) become attributes. ``hidden_size``,
-    ``num_attention_heads``, ``num_hidden_layers``, ``max_position_embeddings`` are the GPT-2
-    names under their generic aliases (read and write)."""
+    """transformers' ``GPT2Config`` attribute names and defaults, without transformers, plus
+    flash-attn's switches (with the defaults flash-attn assumes when a config lacks them):
+    ``GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, ..., use_flash_attn=False,
+    ...)``. Keywords may also use the generic aliases ``hidden_size``, ``num_attention_heads``,
+    ``num_hidden_layers``, ``max_position_embeddings`` (read and written as ``n_embd``, ``n_head``,
+    ``n_layer``, ``n_positions``); any other keyword becomes an attribute too, as in
+    transformers. A dataclass: ``dataclasses.fields``, ``asdict``, ``==`` and ``repr`` cover the
+    fields below."""
 
-    model_type = "gpt2"
-    attribute_map = dict(_ALIASES)
+    # GPT-2 (transformers' GPT2Config)
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: Optional[int] = None
+    activation_function: str = "gelu_new"
+    resid_pdrop: float = 0.1
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    initializer_range: float = 0.02
+    scale_attn_weights: bool = True
+    scale_attn_by_inverse_layer_idx: bool = False
+    reorder_and_upcast_attn: bool = False
+    bos_token_id: Optional[int] = 50256
+    eos_token_id: Optional[int] = 50256
+    pad_token_id: Optional[int] = None
+    tie_word_embeddings: bool = True
+    # flash-attn's switches
+    n_head_kv: Optional[int] = None
+    rotary_emb_fraction: float = 0.0
+    rotary_emb_base: float = 10000.0
+    rotary_emb_scale_base: Optional[float] = None
+    rotary_emb_interleaved: bool = False
+    use_flash_attn: bool = False
+    fused_bias_fc: bool = False
+    fused_mlp: bool = False
+    fused_dense_sqrelu_dense: bool = False
+    mlp_checkpoint_lvl: Any = 0
+    fused_dropout_add_ln: bool = False
+    residual_in_fp32: bool = False
+    rms_norm: bool = False
+    prenorm: bool = True
+    parallel_block: bool = False
+    parallel_block_tied_norm: bool = False
+    pad_vocab_size_multiple: int = 1
+    mlp_fc1_bias: bool = True
+    mlp_fc2_bias: bool = True
+    qkv_proj_bias: bool = True
+    out_proj_bias: bool = True
+    lm_head_bias: bool = False
+    word_embed_proj_dim: Optional[int] = None
+    sequence_parallel: bool = True
+
+    model_type: ClassVar[str] = "gpt2"
+    attribute_map: ClassVar[dict] = dict(_ALIASES)
 
     def __init__(self, **kwargs):
-        for name, value in _GPT2_DEFAULTS.items():
-            setattr(self, name, kwargs.pop(name, value))
+        for f in fields(self):
+            setattr(self, f.name, f.default)
         for name, value in kwargs.items():
             setattr(self, name, value)
 
@@ -125,13 +174,8 @@ class GPT2Config:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def to_dict(self) -> dict:
+        """Every attribute, the fields and any extra keyword."""
         return dict(vars(self))
-
-    def __eq__(self, other):
-        return isinstance(other, GPT2Config) and vars(self) == vars(other)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
 def _get(config, name, default=_MISSING):
