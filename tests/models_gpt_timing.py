@@ -8,13 +8,15 @@ swapped). A sanity number, not a target (not a test).
     python tests/models_gpt_timing.py [--batch 8] [--seqlen 1024] [--iters 10] [--out timing.json]
 
 Prints one line per (peer, what) with the median and min over --iters (CUDA events, after 3
-warm-up steps, the peers interleaved step by step), and the two peers' loss difference.
+warm-up steps, the peers interleaved step by step), the two peers' loss difference, and the
+attention alone at the model's shape (cuflash's flash_attn_qkvpacked_func against SDPA).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
-import os
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -105,9 +107,48 @@ def main():
     print(f"params {n_params / 1e6:.1f} M; loss cuflash {losses['cuflash']:.5f} sdpa {losses['sdpa']:.5f} "
           f"(|diff| {abs(losses['cuflash'] - losses['sdpa']):.2e}); peak memory "
           f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    rows += attention_only(args)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def attention_only(args) -> list:
+    """The attention alone at the model's shape (batch, seqlen, 12 heads, head dim 64, causal,
+    packed qkv as MHA passes it): cuflash's flash_attn_qkvpacked_func against SDPA, forward +
+    backward and forward, interleaved, median over --iters; x 12 layers is the model's share."""
+    from cuflash.api import flash_attn_qkvpacked_func
+
+    qkv = torch.randn(args.batch, args.seqlen, 3, 12, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(args.batch, args.seqlen, 12, 64, device="cuda", dtype=torch.bfloat16)
+    sdpa = SdpaSelfAttention(types.SimpleNamespace(causal=True, softmax_scale=None))
+    peers = {"cuflash": lambda: flash_attn_qkvpacked_func(qkv, causal=True), "sdpa": lambda: sdpa(qkv)}
+    out = {name: fn() for name, fn in peers.items()}
+    err = (out["cuflash"].float() - out["sdpa"].float()).abs().max().item()
+    times = {(name, what): [] for name in peers for what in ("fwd+bwd", "fwd")}
+    for it in range(args.iters + 3):
+        for name, fn in peers.items():
+            for what in ("fwd+bwd", "fwd"):
+                qkv.grad = None
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                if what == "fwd":
+                    with torch.no_grad():
+                        fn()
+                else:
+                    fn().backward(dout)
+                stop.record()
+                torch.cuda.synchronize()
+                if it >= 3:
+                    times[(name, what)].append(start.elapsed_time(stop))
+    rows = []
+    for (name, what), ts in times.items():
+        rows.append(dict(peer=name, what=f"attention {what}", batch=args.batch, seqlen=args.seqlen,
+                         median_ms=statistics.median(ts), min_ms=min(ts), iters=len(ts), max_abs_diff_vs_sdpa=err))
+        print(f"attention {name:8s} {what:8s} median {statistics.median(ts):7.3f} ms  min {min(ts):7.3f} ms "
+              f"(x 12 layers {12 * statistics.median(ts):6.2f} ms)")
+    print(f"attention output max |cuflash - sdpa| {err:.3e}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -460,6 +460,10 @@ GEN_CASES = {
     "gqa_rotary16_fused": dict(n_positions=0, n_head_kv=2, rotary_emb_fraction=1.0),     # rotary dim 16
     "rotary8_interleaved": dict(rotary_emb_fraction=0.5, rotary_emb_interleaved=True),
     "parallel_block": dict(parallel_block=True, rotary_emb_fraction=1.0),
+    # head dim 32, rotary 16 of it, interleaved, GQA: the GPU test's llama-like layout (fused decode path)
+    "gqa_partial_rotary16_interleaved_swiglu": dict(n_embd=128, n_head_kv=2, rotary_emb_fraction=0.5,
+                                                    rotary_emb_interleaved=True, n_positions=0, rms_norm=True,
+                                                    activation_function="swiglu"),
 }
 
 
