@@ -534,6 +534,8 @@ def test_sampling_filters():
     assert set(draws[:, 0].tolist()) == {0, 1} and set(draws[:, 1].tolist()) == {2, 3}
     draws = torch.stack([generation.sample(logits, top_k=2) for _ in range(200)])
     assert set(draws[:, 0].tolist()) == {0, 1}
+    draws = torch.stack([generation.sample(logits.bfloat16(), top_k=0, top_p=0.7, min_p=0.1) for _ in range(50)])
+    assert set(draws[:, 0].tolist()) <= {0, 1} and set(draws[:, 1].tolist()) <= {2, 3}   # 16-bit logits: fp32 probs
     pen = generation.modify_logit_for_repetition_penalty(torch.tensor([[2.0, -2.0, 1.0]]), torch.tensor([[0, 1]]),
                                                          2.0)
     assert pen.tolist() == [[1.0, -4.0, 1.0]]

@@ -62,12 +62,12 @@ class SampleDecoderOnlyOutput(GreedySearchDecoderOnlyOutput):
 
 def modify_logits_for_top_p_filtering(logits, top_p) -> None:
     """In place: -inf at the tokens outside the top-p nucleus of each row (the fewest most
-    likely tokens whose probabilities sum to at least top_p; ties kept). top_p <= 0 or >= 1:
-    no change."""
+    likely tokens whose probabilities, in fp32, sum to at least top_p). top_p <= 0 or >= 1: no
+    change."""
     if top_p <= 0.0 or top_p >= 1.0:
         return
     ascending, order = torch.sort(logits, dim=-1)
-    tail = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p   # the least likely mass below 1 - top_p
+    tail = ascending.float().softmax(dim=-1).cumsum(dim=-1) <= 1.0 - top_p   # the least likely mass below 1 - top_p
     logits.masked_fill_(tail.scatter(-1, order, tail), float("-inf"))
 
 
@@ -76,7 +76,7 @@ def modify_logits_for_min_p_filtering(logits, min_p) -> None:
     min_p <= 0 or > 1: no change."""
     if min_p <= 0.0 or min_p > 1.0:
         return
-    probs = logits.softmax(dim=-1)
+    probs = logits.float().softmax(dim=-1)
     logits.masked_fill_(probs < min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
 
 
@@ -118,7 +118,7 @@ def sample(logits, top_k=1, top_p=0.0, min_p=0.0, temperature=1.0):
     kept = kept / temperature if temperature != 1.0 else kept.clone()
     modify_logits_for_top_p_filtering(kept, top_p)
     modify_logits_for_min_p_filtering(kept, min_p)
-    drawn = torch.multinomial(torch.softmax(kept, dim=-1), num_samples=1).squeeze(-1)
+    drawn = torch.multinomial(torch.softmax(kept.float(), dim=-1), num_samples=1).squeeze(-1)   # fp32 probabilities
     return drawn if indices is None else indices.gather(-1, drawn[:, None]).squeeze(-1)
 
 
