@@ -403,12 +403,12 @@ class GPTPreTrainedModel(nn.Module):
         ``transformer.``) and Llama (``model.embed_tokens.`` / ``model.layers.`` keys) state dicts are
         remapped (flash-attn picks the remap by model name; here the keys say it), others load as
         they are; world_size > 1: this rank's shard (``shard_state_dict_tp``)."""
-        model = cls(config, *args, device=device, dtype=dtype, **kwargs)
         if state_dict is None:
             if not (isinstance(model_name, (str, os.PathLike)) and os.path.isfile(model_name)):
                 raise UnsupportedFeature(f"from_pretrained({model_name!r}): downloading from the Hugging Face hub is "
                                          "not part of cuflash; pass state_dict=... or a local checkpoint file")
             state_dict = torch.load(model_name, map_location="cpu", weights_only=True)
+        model = cls(config, *args, device=device, dtype=dtype, **kwargs)
         if not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
         keys = list(state_dict)
