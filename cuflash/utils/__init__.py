@@ -1,4 +1,5 @@
 """flash-attn's ``flash_attn.utils`` names that cuflash provides: ``cuflash.utils.generation``
-(``InferenceParams``, the decoding state that ``cuflash.modules.mha.MHA`` reads) and
+(``InferenceParams``, the decoding state that ``cuflash.modules.mha.MHA`` reads, and the
+``decode`` / ``GenerationMixin`` generation loop) and
 ``cuflash.utils.distributed`` (the tensor-parallel collectives that ``ParallelMHA`` and
 ``cuflash.ops.fused_dense`` use)."""
