@@ -190,3 +190,19 @@ def test_batch1_rule_cuda_graph(monkeypatch):
         rng.integers(0, 8192, size=1) for _ in range(2)]
     replays_match_eager(dict(args), lengths)
     _ran_shipped()
+
+
+# REGS_BATCH1_PAGED_RULES (session 27, lead): the same for one batch row of at most 8192 keys in pages of 16 / 256
+# (the page table and its prefetch from the paged rules)
+B1_PAGED_CASES = [(1, 1, [n], 32, 8, 128, "bf16", page, {}, {}) for n in (1, 255, 4097, 8192) for page in (16, 256)] + [
+    (1, 2, [7000], 32, 8, 128, "bf16", 16, {"seqlen_new": 2, "rotary_dim": 128}, {"causal": True}),
+    (1, 1, [6000], 8, 8, 128, "fp16", 256, {"leftpad": True}, {"window_size": (1000, 0), "softcap": 3.0}),
+]
+
+
+@pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("case", B1_PAGED_CASES, ids=_ids)
+def test_batch1_paged_rule(monkeypatch, case, splits):
+    _shipped(monkeypatch)
+    check_case(case, splits)
+    _ran_shipped()

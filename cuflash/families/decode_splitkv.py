@@ -401,6 +401,13 @@ REGS_BATCH1 = True
 # At 1 x 16k the fused merge stays ahead (round 2: 27.36 against 28.36 with pdl). The H200 is not measured.
 REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
                             (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
+# The paged batch-1 calls' counterpart of REGS_BATCH1_RULES (regs_options; page tables and prefetch still come
+# from REGS_SHAPE_RULES / REGS_PAGE_TABLE_DEFAULT / REGS_PAGED_BATCH1_PREFETCH): one batch row of at most 8192
+# cached keys in pages runs the separate combine with its early partial-O loads, launched as a programmatic
+# dependent, as the contiguous call does. Session 27 (lead), one H100 80GB HBM3, tests/decode_paged_timing.py,
+# logs/session27_lead/r5: see the measurements there; without it page 16 at 1 x 8k was 1.10-1.16x the
+# contiguous call's time once the contiguous call took this rule (issue 13: paged within 10%).
+REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -486,8 +493,8 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
         cfg = cfg.replace(regs_ahead=REGS_AHEAD_DEFAULT, regs_ahead_l1=REGS_AHEAD_L1_DEFAULT, regs_order=REGS_ORDER_DEFAULT)
     if hint and batch1_hint(problem):
         cfg = cfg.replace(regs=batch1_hint(problem))
-    if REGS_BATCH1 and problem.batch == 1 and "paged_kv" not in problem.features:
-        for max_keys, fields in REGS_BATCH1_RULES:
+    if REGS_BATCH1 and problem.batch == 1:
+        for max_keys, fields in (REGS_BATCH1_PAGED_RULES if "paged_kv" in problem.features else REGS_BATCH1_RULES):
             if problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
