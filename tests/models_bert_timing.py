@@ -1,0 +1,120 @@
+"""BERT-base (12 layers, hidden 768, 12 heads, intermediate 3072, vocab 30522 padded to 30528)
+from cuflash.models.bert in bf16 on the GPU, on a padded batch with random lengths: cuflash's
+unpadded path (use_flash_attn=True: the padding removed once, every layer on the packed kept
+tokens, varlen attention) against the same model on the same weights run padded, its attention
+torch.nn.functional.scaled_dot_product_attention with the padding mask (use_flash_attn=False
+with SDPA swapped into each MHA's inner attention; SDPA picks its backend for a masked call). A
+sanity number, not a target (not a test).
+
+    python tests/models_bert_timing.py [--batch 32] [--seqlen 512] [--iters 10] [--out timing.json]
+
+Lengths uniform in [1, seqlen] (seed 0; the first row full, the second 1). Prints per peer the
+median and min over --iters (CUDA events, 3 warm-up calls, the peers interleaved call by call) of
+BertModel's forward (no_grad) and of a training step (forward, a loss on the kept tokens' hidden
+states, backward), and the two peers' largest difference at the kept tokens.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from cuflash.models.bert import BertConfig, BertModel  # noqa: E402
+
+
+class SdpaSelfAttention(torch.nn.Module):
+    """SelfAttention's forward (packed qkv (batch, seqlen, 3, heads, headdim), key_padding_mask
+    True = keep) through SDPA with a boolean mask."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.softmax_scale = inner.softmax_scale
+
+    def forward(self, qkv, causal=None, key_padding_mask=None):
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
+        mask = None if key_padding_mask is None else key_padding_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale)
+        return out.transpose(1, 2)
+
+
+def bert_base(flash: bool):
+    cfg = BertConfig(vocab_size=30522, pad_vocab_size_multiple=8, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, use_flash_attn=flash)
+    torch.manual_seed(0)
+    m = BertModel(cfg, add_pooling_layer=False).to(device="cuda", dtype=torch.bfloat16)
+    if not flash:
+        for layer in m.encoder.layers:
+            layer.mixer.inner_attn = SdpaSelfAttention(layer.mixer.inner_attn)
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seqlen", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    models = {"cuflash_unpadded": bert_base(True), "sdpa_padded": bert_base(False)}
+    models["sdpa_padded"].load_state_dict(models["cuflash_unpadded"].state_dict())
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, args.seqlen + 1, (args.batch,), generator=gen)
+    lengths[0], lengths[1] = args.seqlen, 1
+    mask = (torch.arange(args.seqlen)[None] < lengths[:, None]).cuda()
+    ids = torch.randint(1, 30522, (args.batch, args.seqlen), generator=gen).cuda()
+    types_ = torch.randint(0, 2, (args.batch, args.seqlen), generator=gen).cuda()
+    kept = int(lengths.sum())
+
+    def fwd(m):
+        with torch.no_grad():
+            return m(ids, token_type_ids=types_, attention_mask=mask).last_hidden_state
+
+    def train_step(m):
+        h = m(ids, token_type_ids=types_, attention_mask=mask).last_hidden_state
+        loss = h[mask].float().square().mean()
+        loss.backward()
+        return loss
+
+    outs = {name: fwd(m)[mask] for name, m in models.items()}
+    for _ in range(3):
+        for m in models.values():
+            train_step(m)
+            fwd(m)
+    torch.cuda.synchronize()
+    times = {(name, what): [] for name in models for what in ("forward", "train_step")}
+    for _ in range(args.iters):
+        for what, fn in (("forward", fwd), ("train_step", train_step)):
+            for name, m in models.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(m)
+                end.record()
+                torch.cuda.synchronize()
+                times[(name, what)].append(start.elapsed_time(end))
+    diff = (outs["cuflash_unpadded"].float() - outs["sdpa_padded"].float()).abs().max().item()
+    result = {"device": torch.cuda.get_device_name(), "batch": args.batch, "seqlen": args.seqlen,
+              "kept_tokens": kept, "padded_tokens": args.batch * args.seqlen, "iters": args.iters,
+              "max_abs_diff_kept": diff, "times_ms": {}}
+    print(f"{result['device']}: BERT-base bf16, batch {args.batch} x {args.seqlen}, {kept} kept tokens of "
+          f"{args.batch * args.seqlen} ({100 * kept / (args.batch * args.seqlen):.1f} %)")
+    for (name, what), ts in times.items():
+        med, low = statistics.median(ts), min(ts)
+        result["times_ms"][f"{name}/{what}"] = {"median": med, "min": low, "all": ts}
+        print(f"{name:18s} {what:11s} median {med:8.3f} ms  min {low:8.3f} ms")
+    for what in ("forward", "train_step"):
+        a = result["times_ms"][f"cuflash_unpadded/{what}"]["median"]
+        b = result["times_ms"][f"sdpa_padded/{what}"]["median"]
+        print(f"{what}: sdpa_padded / cuflash_unpadded = {b / a:.2f}x")
+    print(f"hidden states at kept tokens: max |cuflash - sdpa| {diff:.3e}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
