@@ -329,6 +329,16 @@ def test_refused_unsupported_and_missing():
         m(torch.zeros(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="input_ids"):
         m(torch.zeros(5, dtype=torch.long))
+    p = BertForPreTraining(BertConfig(**TINY, dense_seq_output=True))
+    labels = torch.zeros(2, 5, dtype=torch.long)
+    labels[1, 4] = 3
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    with pytest.raises(ValueError, match="labels"):
+        p(torch.ones(2, 5, dtype=torch.long), attention_mask=mask, labels=labels)
+    mask[:, 0] = False
+    with pytest.raises(ValueError, match="first token"):
+        p.bert(torch.ones(2, 5, dtype=torch.long), attention_mask=mask, masked_tokens_mask=labels > 0)
 
 
 def test_fused_switches_equal_unfused():

@@ -539,6 +539,10 @@ class BertForPreTraining(BertPreTrainedModel):
         if labels is not None and (not isinstance(labels, torch.Tensor) or labels.shape != input_ids.shape):
             raise ValueError(f"labels must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
                              f"{tuple(getattr(labels, 'shape', ()))}")
+        if (self.dense_seq_output and labels is not None and attention_mask is not None
+                and bool(((labels > 0) & ~attention_mask.bool()).any())):
+            raise ValueError("labels: a masked token (label > 0) at a position attention_mask drops; with "
+                             "dense_seq_output the labels must be 0 at the padding")
         masked_tokens_mask = labels > 0 if (self.last_layer_subset and labels is not None) else None
         outputs = self.bert(input_ids, position_ids=position_ids, token_type_ids=token_type_ids,
                             attention_mask=attention_mask.bool() if attention_mask is not None else None,
