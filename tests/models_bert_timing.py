@@ -11,20 +11,29 @@ sanity number, not a target (not a test).
 Lengths uniform in [1, seqlen] (seed 0; the first row full, the second 1). Prints per peer the
 median and min over --iters (CUDA events, 3 warm-up calls, the peers interleaved call by call) of
 BertModel's forward (no_grad) and of a training step (forward, a loss on the kept tokens' hidden
-states, backward), and the two peers' largest difference at the kept tokens.
+states, backward), and the two peers' largest difference at the kept tokens. A third peer,
+cuflash_nocheck, is the cuflash model with ``cuflash.api.CHECK_CU_SEQLENS`` off (no read-back of
+cu_seqlens, so no host sync, in each layer's varlen call: ``CUFLASH_VARLEN_CHECK=0``). Also the
+host time of one forward call (perf_counter around the call, no synchronize: how long Python takes
+to enqueue it) and, at the model's shape, one layer's attention alone: cuflash's
+flash_attn_varlen_qkvpacked_func on the packed tokens (check on and off) against SDPA on the
+padded batch with the mask (forward, median of --iters).
 """
 import argparse
 import json
 import os
 import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import cuflash.api  # noqa: E402
 from cuflash.models.bert import BertConfig, BertModel  # noqa: E402
+from cuflash.padding import unpad_input  # noqa: E402
 
 
 class SdpaSelfAttention(torch.nn.Module):
@@ -60,8 +69,10 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    models = {"cuflash_unpadded": bert_base(True), "sdpa_padded": bert_base(False)}
-    models["sdpa_padded"].load_state_dict(models["cuflash_unpadded"].state_dict())
+    flash = bert_base(True)
+    models = {"cuflash_unpadded": flash, "cuflash_nocheck": flash, "sdpa_padded": bert_base(False)}
+    models["sdpa_padded"].load_state_dict(flash.state_dict())
+    checks = {"cuflash_unpadded": True, "cuflash_nocheck": False, "sdpa_padded": True}
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, args.seqlen + 1, (args.batch,), generator=gen)
     lengths[0], lengths[1] = args.seqlen, 1
@@ -82,21 +93,30 @@ def main():
 
     outs = {name: fwd(m)[mask] for name, m in models.items()}
     for _ in range(3):
-        for m in models.values():
+        for name, m in models.items():
+            cuflash.api.CHECK_CU_SEQLENS = checks[name]
             train_step(m)
             fwd(m)
     torch.cuda.synchronize()
-    times = {(name, what): [] for name in models for what in ("forward", "train_step")}
+    times = {(name, what): [] for name in models for what in ("forward", "train_step", "forward_host")}
     for _ in range(args.iters):
         for what, fn in (("forward", fwd), ("train_step", train_step)):
             for name, m in models.items():
+                cuflash.api.CHECK_CU_SEQLENS = checks[name]
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
                 start.record()
+                t0 = time.perf_counter()
                 fn(m)
+                t1 = time.perf_counter()
                 end.record()
                 torch.cuda.synchronize()
                 times[(name, what)].append(start.elapsed_time(end))
+                if what == "forward":
+                    times[(name, "forward_host")].append(1e3 * (t1 - t0))
+    cuflash.api.CHECK_CU_SEQLENS = True
     diff = (outs["cuflash_unpadded"].float() - outs["sdpa_padded"].float()).abs().max().item()
+    result_attn = attention_alone(flash, mask, args.iters)
     result = {"device": torch.cuda.get_device_name(), "batch": args.batch, "seqlen": args.seqlen,
               "kept_tokens": kept, "padded_tokens": args.batch * args.seqlen, "iters": args.iters,
               "max_abs_diff_kept": diff, "times_ms": {}}
@@ -107,13 +127,53 @@ def main():
         result["times_ms"][f"{name}/{what}"] = {"median": med, "min": low, "all": ts}
         print(f"{name:18s} {what:11s} median {med:8.3f} ms  min {low:8.3f} ms")
     for what in ("forward", "train_step"):
-        a = result["times_ms"][f"cuflash_unpadded/{what}"]["median"]
         b = result["times_ms"][f"sdpa_padded/{what}"]["median"]
-        print(f"{what}: sdpa_padded / cuflash_unpadded = {b / a:.2f}x")
+        for name in ("cuflash_unpadded", "cuflash_nocheck"):
+            a = result["times_ms"][f"{name}/{what}"]["median"]
+            print(f"{what}: sdpa_padded / {name} = {b / a:.2f}x")
+    result["attention_alone_ms"] = result_attn
+    for name, ms in result_attn.items():
+        print(f"one layer's attention alone, forward: {name:28s} median {ms:8.4f} ms")
     print(f"hidden states at kept tokens: max |cuflash - sdpa| {diff:.3e}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
+
+
+def attention_alone(model, mask, iters):
+    """One layer's attention forward at the model's shape (bf16, 12 heads x 64): cuflash's varlen
+    call on the packed tokens, with and without the cu_seqlens check, and SDPA on the padded batch
+    with the mask. Median ms over iters (CUDA events)."""
+    from cuflash import flash_attn_varlen_qkvpacked_func
+
+    batch, seqlen = mask.shape
+    qkv = torch.randn(batch, seqlen, 3, 12, 64, device="cuda", dtype=torch.bfloat16)
+    packed, _, cu, longest, _ = unpad_input(qkv, mask)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
+    bias = mask[:, None, None, :]
+    calls = {
+        "cuflash_varlen": lambda: flash_attn_varlen_qkvpacked_func(packed, cu, longest),
+        "cuflash_varlen_nocheck": lambda: flash_attn_varlen_qkvpacked_func(packed, cu, longest),
+        "sdpa_padded_masked": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+    }
+    out = {}
+    for name, fn in calls.items():
+        cuflash.api.CHECK_CU_SEQLENS = name != "cuflash_varlen_nocheck"
+        with torch.no_grad():
+            for _ in range(3):
+                fn()
+            ts = []
+            for _ in range(iters):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                ts.append(start.elapsed_time(end))
+        out[name] = statistics.median(ts)
+    cuflash.api.CHECK_CU_SEQLENS = True
+    return out
 
 
 if __name__ == "__main__":
