@@ -11,15 +11,19 @@ sanity number, not a target (not a test).
 Lengths uniform in [1, seqlen] (seed 0; the first row full, the second 1). Prints per peer the
 median and min over --iters (CUDA events, 3 warm-up calls, the peers interleaved call by call) of
 BertModel's forward (no_grad) and of a training step (forward, a loss on the kept tokens' hidden
-states, backward), and the two peers' largest difference at the kept tokens. A third peer,
-cuflash_nocheck, is the cuflash model with ``cuflash.api.CHECK_CU_SEQLENS`` off (no read-back of
-cu_seqlens, so no host sync, in each layer's varlen call: ``CUFLASH_VARLEN_CHECK=0``). Also the
-host time of one forward call (perf_counter around the call, no synchronize: how long Python takes
-to enqueue it) and, at the model's shape, one layer's attention alone: cuflash's
-flash_attn_varlen_qkvpacked_func on the packed tokens (check on and off) against SDPA on the
-padded batch with the mask (forward, median of --iters).
+states, backward), and the largest difference between cuflash's and SDPA's outputs at the kept
+tokens. The cuflash peers are one model run three ways: cuflash_unpadded as it ships (the
+encoder's forward varlen calls trust unpad_input's cu_seqlens: cuflash.api.trusted_cu_seqlens),
+cuflash_checked with that trust removed (every layer's forward call reads cu_seqlens back: a host
+sync per layer, the behaviour before), cuflash_nocheck with cuflash.api.CHECK_CU_SEQLENS off
+(``CUFLASH_VARLEN_CHECK=0``: the backward's calls unchecked too). Also the host time of one
+forward call (perf_counter around the call, no synchronize: how long Python takes to enqueue it)
+and, at the model's shape, one layer's attention alone: cuflash's flash_attn_varlen_qkvpacked_func
+on the packed tokens (check on and off) against SDPA on the padded batch with the mask (forward:
+20 calls back to back per sample, the median per call over --iters samples).
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +36,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import cuflash.api  # noqa: E402
+import cuflash.models.bert as bert_module  # noqa: E402
 from cuflash.models.bert import BertConfig, BertModel  # noqa: E402
 from cuflash.padding import unpad_input  # noqa: E402
 
@@ -70,9 +75,15 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     flash = bert_base(True)
-    models = {"cuflash_unpadded": flash, "cuflash_nocheck": flash, "sdpa_padded": bert_base(False)}
+    models = {"cuflash_unpadded": flash, "cuflash_checked": flash, "cuflash_nocheck": flash,
+              "sdpa_padded": bert_base(False)}
     models["sdpa_padded"].load_state_dict(flash.state_dict())
-    checks = {"cuflash_unpadded": True, "cuflash_nocheck": False, "sdpa_padded": True}
+    shipped_trust = bert_module.trusted_cu_seqlens
+
+    def setup(name):
+        """The peer's cu_seqlens checking: the global switch and the encoder's trust."""
+        cuflash.api.CHECK_CU_SEQLENS = name != "cuflash_nocheck"
+        bert_module.trusted_cu_seqlens = contextlib.nullcontext if name == "cuflash_checked" else shipped_trust
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, args.seqlen + 1, (args.batch,), generator=gen)
     lengths[0], lengths[1] = args.seqlen, 1
@@ -91,10 +102,10 @@ def main():
         loss.backward()
         return loss
 
-    outs = {name: fwd(m)[mask] for name, m in models.items()}
+    outs = {name: fwd(m)[mask] for name, m in models.items() if name in ("cuflash_unpadded", "sdpa_padded")}
     for _ in range(3):
         for name, m in models.items():
-            cuflash.api.CHECK_CU_SEQLENS = checks[name]
+            setup(name)
             train_step(m)
             fwd(m)
     torch.cuda.synchronize()
@@ -102,7 +113,7 @@ def main():
     for _ in range(args.iters):
         for what, fn in (("forward", fwd), ("train_step", train_step)):
             for name, m in models.items():
-                cuflash.api.CHECK_CU_SEQLENS = checks[name]
+                setup(name)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
@@ -114,7 +125,7 @@ def main():
                 times[(name, what)].append(start.elapsed_time(end))
                 if what == "forward":
                     times[(name, "forward_host")].append(1e3 * (t1 - t0))
-    cuflash.api.CHECK_CU_SEQLENS = True
+    setup("cuflash_unpadded")
     diff = (outs["cuflash_unpadded"].float() - outs["sdpa_padded"].float()).abs().max().item()
     result_attn = attention_alone(flash, mask, args.iters)
     result = {"device": torch.cuda.get_device_name(), "batch": args.batch, "seqlen": args.seqlen,
@@ -128,7 +139,7 @@ def main():
         print(f"{name:18s} {what:11s} median {med:8.3f} ms  min {low:8.3f} ms")
     for what in ("forward", "train_step"):
         b = result["times_ms"][f"sdpa_padded/{what}"]["median"]
-        for name in ("cuflash_unpadded", "cuflash_nocheck"):
+        for name in ("cuflash_unpadded", "cuflash_checked", "cuflash_nocheck"):
             a = result["times_ms"][f"{name}/{what}"]["median"]
             print(f"{what}: sdpa_padded / {name} = {b / a:.2f}x")
     result["attention_alone_ms"] = result_attn
@@ -143,7 +154,7 @@ def main():
 def attention_alone(model, mask, iters):
     """One layer's attention forward at the model's shape (bf16, 12 heads x 64): cuflash's varlen
     call on the packed tokens, with and without the cu_seqlens check, and SDPA on the padded batch
-    with the mask. Median ms over iters (CUDA events)."""
+    with the mask. Per call: 20 calls between two CUDA events, median over iters."""
     from cuflash import flash_attn_varlen_qkvpacked_func
 
     batch, seqlen = mask.shape
@@ -167,10 +178,11 @@ def attention_alone(model, mask, iters):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
-                fn()
+                for _ in range(20):
+                    fn()
                 end.record()
                 torch.cuda.synchronize()
-                ts.append(start.elapsed_time(end))
+                ts.append(start.elapsed_time(end) / 20)
         out[name] = statistics.median(ts)
     cuflash.api.CHECK_CU_SEQLENS = True
     return out

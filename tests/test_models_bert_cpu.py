@@ -244,6 +244,33 @@ def test_varlen_path_taken():
     assert all(c[1].tolist() == [0, 13, 14, 21] for c in calls)
 
 
+def test_encoder_trusts_its_own_cu_seqlens():
+    """The encoder's varlen calls run inside cuflash.api.trusted_cu_seqlens (no read-back of
+    unpad_input's offsets); the context is left afterwards, and it makes GPU offsets unread."""
+    from cuflash import api
+    cfg = BertConfig(**TINY, use_flash_attn=True)
+    m = BertModel(cfg).to(F64).eval()
+    seen = []
+    inner = m.encoder.layers[0].mixer.inner_attn
+    orig = inner.forward
+
+    def spy(*a, **kw):
+        seen.append(api._TRUSTED_CU_SEQLENS.get())
+        return orig(*a, **kw)
+    inner.forward = spy
+    ids, types_, mask = batch(cfg, [5, 2], 5)
+    m(ids, attention_mask=mask)
+    assert seen == [True] and not api._TRUSTED_CU_SEQLENS.get()
+    m(ids)                                  # no mask: no unpadding, no varlen call
+    assert seen == [True, False]
+    gpu_like = types.SimpleNamespace()
+    assert not api._values_unreadable(gpu_like, "cupy")
+    with api.trusted_cu_seqlens():
+        assert api._values_unreadable(gpu_like, "cupy")
+        assert not api._values_unreadable(gpu_like, "numpy")      # host offsets are always read
+    assert not api._values_unreadable(gpu_like, "cupy")
+
+
 def test_rotary_flash_matches_torch_path():
     cfg_kw = dict(TINY, position_embedding_type="rotary", rotary_emb_dim=8, max_position_embeddings=0)
     sd = BertModel(BertConfig(**cfg_kw)).to(F64).state_dict()

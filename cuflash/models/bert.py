@@ -33,9 +33,12 @@ BertForPreTraining``, with the same config switches, module tree and state-dict 
 The unpadded path: with ``use_flash_attn`` and an ``attention_mask``, the encoder removes the
 padding once (``cuflash.unpad_input``), every layer runs on the packed (total_tokens, hidden)
 rows with cuflash's varlen attention (``cu_seqlens``), and the output is padded back with zeros
-(``pad_input``): no compute on padding anywhere in the encoder. Without ``use_flash_attn`` the
-torch attention runs on the padded batch with the mask (flash-attn's layout), so the hidden
-states at padded positions are whatever the layers make of them there; compare kept positions.
+(``pad_input``): no compute on padding anywhere in the encoder. The offsets come from
+``unpad_input``, so the layers' forward calls skip the varlen API's read-back check of
+``cu_seqlens`` (``cuflash.api.trusted_cu_seqlens``; otherwise a host sync per layer). Without
+``use_flash_attn`` the torch attention runs on the padded batch with the mask (flash-attn's
+layout), so the hidden states at padded positions are whatever the layers make of them there;
+compare kept positions.
 
 ``last_layer_subset`` (needs ``dense_seq_output``): ``BertForPreTraining`` computes the last layer
 only for the masked tokens (labels > 0) and the first token of each row (the pooler's): its
@@ -81,7 +84,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..api import UnsupportedFeature
+from ..api import UnsupportedFeature, trusted_cu_seqlens
 from ..modules.block import Block
 from ..modules.embedding import BertEmbeddings
 from ..modules.mha import MHA
@@ -340,6 +343,14 @@ class BertEncoder(nn.Module):
             return hidden_states
         batch, seqlen = hidden_states.shape[:2]
         hidden_states, indices, cu_seqlens, max_seqlen, _ = unpad_input(hidden_states, key_padding_mask)
+        # unpad_input's offsets are valid by construction: the layers' varlen calls need not
+        # read them back (a host sync per layer)
+        with trusted_cu_seqlens():
+            return self._unpadded(hidden_states, key_padding_mask, subset_mask, indices, cu_seqlens, max_seqlen,
+                                  batch, seqlen)
+
+    def _unpadded(self, hidden_states, key_padding_mask, subset_mask, indices, cu_seqlens, max_seqlen, batch,
+                  seqlen):
         mixer_kwargs = {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
         if subset_mask is None:
             for layer in self.layers:
