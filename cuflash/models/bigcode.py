@@ -18,6 +18,7 @@ head's k / v). ``multi_query=False`` checkpoints are remapped too (flash-attn as
 """
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import torch
@@ -28,13 +29,13 @@ from .gpt_neox import per_head_to_grouped
 
 __all__ = ["remap_state_dict_hf_bigcode", "inv_remap_state_dict_hf_bigcode", "bigcode_config_to_gpt2_config"]
 
-_NAMES = [("ln_1.", "norm1."), ("ln_2.", "norm2."), ("attn.c_attn.", "mixer.Wqkv."), ("attn.c_proj.", "mixer.out_proj."),
-          ("mlp.c_fc.", "mlp.fc1."), ("mlp.c_proj.", "mlp.fc2.")]
+_NAMES = [("ln_1.", "norm1."), ("ln_2.", "norm2."), ("attn.c_attn.", "mixer.Wqkv."),
+          ("attn.c_proj.", "mixer.out_proj."), ("mlp.c_fc.", "mlp.fc1."), ("mlp.c_proj.", "mlp.fc2.")]
 _TABLE = ([(r"transformer\.wte\.weight", r"transformer.embeddings.word_embeddings.weight"),
            (r"transformer\.wpe\.weight", r"transformer.embeddings.position_embeddings.weight"),
            (r"transformer\.ln_f\.(weight|bias)", r"transformer.ln_f.\1"),
            (r"lm_head\.weight", None)]             # tied to the word embedding
-          + [(r"transformer\.h\.(\d+)\." + a.replace(".", r"\.") + r"(weight|bias)", r"transformer.layers.\1." + b + r"\2")
+          + [(r"transformer\.h\.(\d+)\." + re.escape(a) + r"(weight|bias)", r"transformer.layers.\1." + b + r"\2")
              for a, b in _NAMES])
 _DROP = [r"transformer\.bias", r"transformer\.h\.\d+\.attn\.masked_bias"]
 
@@ -76,7 +77,7 @@ def inv_remap_state_dict_hf_bigcode(state_dict, config):
     inverse = [(r"transformer\.embeddings\.word_embeddings\.weight", r"transformer.wte.weight"),
                (r"transformer\.embeddings\.position_embeddings\.weight", r"transformer.wpe.weight"),
                (r"transformer\.ln_f\.(weight|bias)", r"transformer.ln_f.\1"), (r"lm_head\.weight", None)]
-    inverse += [(r"transformer\.layers\.(\d+)\." + b.replace(".", r"\.") + r"(weight|bias)", r"transformer.h.\1." + a + r"\2")
+    inverse += [(r"transformer\.layers\.(\d+)\." + re.escape(b) + r"(weight|bias)", r"transformer.h.\1." + a + r"\2")
                 for a, b in _NAMES]
     sd = rename(state_dict, inverse, who)
     sd["transformer.wte.weight"] = pop(sd, "transformer.wte.weight", who)[:vocab]

@@ -74,7 +74,8 @@ def opt_config_to_gpt2_config(opt_config) -> GPT2Config:
     word_embed_proj_dim, enable_bias, layerdrop, layer_norm_elementwise_affine)."""
     c, who = opt_config, "opt_config"
     if attr(c, "layerdrop", who, 0.0) != 0.0:
-        raise ValueError(f"opt_config.layerdrop must be 0 (dropping layers is not part of GPTModel), got {c.layerdrop!r}")
+        raise ValueError(f"opt_config.layerdrop must be 0 (dropping layers is not part of GPTModel), got "
+                         f"{c.layerdrop!r}")
     if not attr(c, "layer_norm_elementwise_affine", who, True):
         raise ValueError("opt_config.layer_norm_elementwise_affine must be True (the norms have weights and biases)")
     hidden = attr(c, "hidden_size", who)

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from ..utils.distributed import all_reduce, reduce_scatter
 
-__all__ = ["GPT2Embeddings", "BertEmbeddings", "VocabParallelEmbedding", "ColumnParallelEmbedding", "ParallelGPT2Embeddings"]
+__all__ = ["GPT2Embeddings", "BertEmbeddings", "VocabParallelEmbedding", "ColumnParallelEmbedding",
+           "ParallelGPT2Embeddings"]
 
 
 def _positions(input_ids: Tensor, position_ids):
