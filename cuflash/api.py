@@ -18,6 +18,8 @@ plan by one tuple key; validation, selection and packing ran on the first call.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import operator
 import os
@@ -924,6 +926,21 @@ def check_cu_values(name: str, values: np.ndarray, total: Optional[int]) -> np.n
 # flash-attn does: wrong offsets then read and write out of bounds. Never read while
 # torch.compile traces or a CUDA graph is captured.
 CHECK_CU_SEQLENS = os.environ.get("CUFLASH_VARLEN_CHECK", "1") not in ("0", "")
+# Set by trusted_cu_seqlens() for callers whose offsets are valid by construction.
+_TRUSTED_CU_SEQLENS = contextvars.ContextVar("cuflash_trusted_cu_seqlens", default=False)
+
+
+@contextlib.contextmanager
+def trusted_cu_seqlens():
+    """Within this context (this thread / task), the varlen calls do not read GPU cu_seqlens back
+    to check them (as CHECK_CU_SEQLENS off: no device-to-host copy and sync per call), for callers
+    whose offsets are valid by construction, e.g. cuflash.unpad_input's. Calls made after it exits
+    (an autograd backward) check as before."""
+    token = _TRUSTED_CU_SEQLENS.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED_CU_SEQLENS.reset(token)
 
 
 def _values_unreadable(cu, kind: str) -> bool:
@@ -934,7 +951,7 @@ def _values_unreadable(cu, kind: str) -> bool:
         return False  # host values (the CPU reference needs them)
     if kind == "torch" and cu.device.type != "cuda":  # fake tensors while torch.compile traces
         return sys.modules["torch"].compiler.is_compiling()
-    if not CHECK_CU_SEQLENS:
+    if not CHECK_CU_SEQLENS or _TRUSTED_CU_SEQLENS.get():
         return True
     if kind != "torch":
         return False

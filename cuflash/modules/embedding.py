@@ -6,6 +6,9 @@ import GPT2Embeddings``. Plain torch (``nn.Embedding``, ``torch.distributed``).
 * ``GPT2Embeddings``: word embedding plus a learned absolute position embedding (none when
   ``max_position_embeddings <= 0``: rotary models); ``word_embed_proj_dim`` (OPT-350m) embeds to
   that width and projects up to ``embed_dim`` with ``project_in`` (no bias).
+* ``BertEmbeddings``: word + learned absolute position (none when ``max_position_embeddings <=
+  0``) + token type embeddings (none when ``type_vocab_size <= 0``; ``token_type_ids`` default
+  to zeros).
 * ``VocabParallelEmbedding``: each rank of a process group holds ``num_embeddings / P``
   consecutive rows of the vocabulary; ids outside the rank's rows embed to zeros (the ranks'
   partial embeddings sum to the full one).
@@ -26,7 +29,8 @@ from torch import Tensor
 
 from ..utils.distributed import all_reduce, reduce_scatter
 
-__all__ = ["GPT2Embeddings", "VocabParallelEmbedding", "ColumnParallelEmbedding", "ParallelGPT2Embeddings"]
+__all__ = ["GPT2Embeddings", "BertEmbeddings", "VocabParallelEmbedding", "ColumnParallelEmbedding",
+           "ParallelGPT2Embeddings"]
 
 
 def _positions(input_ids: Tensor, position_ids):
@@ -69,6 +73,37 @@ class GPT2Embeddings(nn.Module):
             out = self.project_in(out)
         if self.max_position_embeddings > 0:
             out = out + self.position_embeddings(_positions(input_ids, position_ids))
+        return out
+
+
+class BertEmbeddings(nn.Module):
+    """flash-attn's ``BertEmbeddings(embed_dim, vocab_size, max_position_embeddings,
+    type_vocab_size, padding_idx=None, device=None, dtype=None)``; ``forward(input_ids,
+    position_ids=None, token_type_ids=None)`` returns (batch, seqlen, embed_dim)."""
+
+    def __init__(self, embed_dim, vocab_size, max_position_embeddings, type_vocab_size, padding_idx=None,
+                 device=None, dtype=None):
+        super().__init__()
+        factory = dict(device=device, dtype=dtype)
+        self.word_embeddings = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx, **factory)
+        self.max_position_embeddings = max_position_embeddings
+        self.type_vocab_size = type_vocab_size
+        if max_position_embeddings > 0:
+            self.position_embeddings = nn.Embedding(max_position_embeddings, embed_dim, **factory)
+        if type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(type_vocab_size, embed_dim, **factory)
+
+    def forward(self, input_ids, position_ids=None, token_type_ids=None):
+        """input_ids, token_type_ids: (batch, seqlen) int (token types default to 0);
+        position_ids: (batch, seqlen) or (seqlen,), default 0 .. seqlen - 1."""
+        _check_ids(input_ids)
+        out = self.word_embeddings(input_ids)
+        if self.max_position_embeddings > 0:
+            out = out + self.position_embeddings(_positions(input_ids, position_ids))
+        if self.type_vocab_size > 0:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(input_ids)
+            out = out + self.token_type_embeddings(token_type_ids)
         return out
 
 
