@@ -30,7 +30,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from cuflash.models.gpt import GPT2Config, GPTLMHeadModel  # noqa: E402
-from cuflash.utils.generation import InferenceParams, update_graph_cache  # noqa: E402
+from cuflash.utils import generation  # noqa: E402
+from cuflash.utils.generation import InferenceParams  # noqa: E402
 
 CONFIGS = {
     "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12, pad_vocab_size_multiple=8),
@@ -125,15 +126,17 @@ def timed(fn):
 
 
 @torch.inference_mode()
-def host_step_times(model, prompt, max_length, cg, steps=32):
-    """(host µs per decode step (median), GPU µs per step (median)) after the prompt."""
+def host_step_times(model, prompt, max_length, cg, lengths_tensor, steps=32):
+    """(host µs per decode step (median), GPU µs per step (median)) after the prompt; eager steps
+    with lengths_tensor fill inference_params.lengths_per_sample first (as decode does)."""
     batch = prompt.shape[0]
     if cg:
         cache = model._decoding_cache
         params = cache.inference_params
         params.reset(max_length, batch)
     else:
-        params = InferenceParams(max_seqlen=max_length, max_batch_size=batch)
+        lengths = torch.zeros(batch, dtype=torch.int32, device="cuda") if lengths_tensor else None
+        params = InferenceParams(max_seqlen=max_length, max_batch_size=batch, lengths_per_sample=lengths)
     logits = model(prompt, inference_params=params, num_last_tokens=1).logits[:, -1]
     params.seqlen_offset = prompt.shape[1]
     tok = logits.argmax(-1)[:, None]
@@ -147,6 +150,8 @@ def host_step_times(model, prompt, max_length, cg, steps=32):
         if cg:
             out = cache.run(tok, pos, params.seqlen_offset)
         else:
+            if lengths_tensor:
+                params.lengths_per_sample.fill_(params.seqlen_offset)
             out = model(tok, position_ids=pos, inference_params=params, num_last_tokens=1).logits
         host.append((time.perf_counter() - t0) * 1e6)
         end.record()
@@ -164,11 +169,16 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--peers", default="", help="a subset, in order (cuflash,cuflash_lt,cuflash_cg,sdpa,sdpa_cg)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "prompt": args.prompt,
                "new_tokens": args.new, "reps": args.reps, "cells": []}
-    peers = {"cuflash": (False, False), "cuflash_cg": (False, True), "sdpa": (True, False), "sdpa_cg": (True, True)}
+    # peer: (SDPA attention, cg, decode's EAGER_LENGTHS_TENSOR)
+    peers = {"cuflash": (False, False, False), "cuflash_lt": (False, False, True), "cuflash_cg": (False, True, False),
+             "sdpa": (True, False, False), "sdpa_cg": (True, True, False)}
+    if args.peers:
+        peers = {p: peers[p] for p in args.peers.split(",")}
     max_length = args.prompt + args.new
     for name in args.models.split(","):
         model = build(name)
@@ -178,8 +188,9 @@ def main():
             caches, times, tokens = {}, {p: [] for p in peers}, {}
 
             def run(peer):
-                sdpa, cg = peers[peer]
+                sdpa, cg, lt = peers[peer]
                 set_sdpa(model, sdpa)
+                generation.EAGER_LENGTHS_TENSOR = lt
                 model._decoding_cache = caches.get(peer)
                 ms, seq = timed(lambda: model.generate(prompt, max_length, cg=cg))
                 caches[peer] = getattr(model, "_decoding_cache", None)
@@ -200,10 +211,10 @@ def main():
                     pf = [timed(lambda: model(prompt, inference_params=InferenceParams(max_length, batch),
                                               num_last_tokens=1))[0] for _ in range(3)]
                 cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")] = statistics.median(pf)
-            for peer, (sdpa, cg) in peers.items():
+            for peer, (sdpa, cg, lt) in peers.items():
                 set_sdpa(model, sdpa)
                 model._decoding_cache = caches.get(peer)
-                host_us, gpu_us = host_step_times(model, prompt, max_length, cg)
+                host_us, gpu_us = host_step_times(model, prompt, max_length, cg, lt)
                 total = statistics.median(times[peer])
                 prompt_ms = cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")]
                 cell["peers"][peer] = {
@@ -212,11 +223,11 @@ def main():
                     "tokens_per_s": round(batch * args.new / total * 1e3, 1),
                     "decode_ms_per_step": round((total - prompt_ms) / (args.new - 1), 4),
                     "host_us_per_step": round(host_us, 1), "gpu_us_per_step": round(gpu_us, 1)}
-            cell["tokens_equal"] = {
-                "cuflash_cg_vs_cuflash": bool(torch.equal(tokens["cuflash_cg"], tokens["cuflash"])),
-                "sdpa_cg_vs_sdpa": bool(torch.equal(tokens["sdpa_cg"], tokens["sdpa"])),
-                "cuflash_vs_sdpa_rows": int((tokens["cuflash"] == tokens["sdpa"]).all(dim=1).sum())}
+            first = tokens[next(iter(peers))]
+            cell["tokens_equal_rows_vs_" + next(iter(peers))] = {
+                p: int((t == first).all(dim=1).sum()) for p, t in tokens.items()}
             set_sdpa(model, False)
+            generation.EAGER_LENGTHS_TENSOR = False
             model._decoding_cache = None
             caches.clear()
             results["cells"].append(cell)
@@ -225,7 +236,8 @@ def main():
                       f"{r['tokens_per_s']:8.1f} tok/s  decode {r['decode_ms_per_step']:.3f} ms/step  host "
                       f"{r['host_us_per_step']:.0f} us/step  gpu {r['gpu_us_per_step']:.0f} us/step", flush=True)
             print(f"{name} b{batch} prompt {cell['prompt_ms_cuflash']:.2f} ms (sdpa {cell['prompt_ms_sdpa']:.2f}); "
-                  f"tokens {cell['tokens_equal']}", flush=True)
+                  f"rows with tokens equal to the first peer's {cell['tokens_equal_rows_vs_' + next(iter(peers))]}",
+                  flush=True)
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(results, f, indent=1)

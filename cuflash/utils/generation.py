@@ -144,6 +144,13 @@ def sample(logits, top_k=1, top_p=0.0, min_p=0.0, temperature=1.0):
     return drawn if indices is None else indices.gather(-1, drawn[:, None]).squeeze(-1)
 
 
+# decode(cg=False): the rows' cache lengths as an int32 tensor (inference_params.lengths_per_sample,
+# filled before each step), so that flash_attn_with_kvcache runs every step on one launch plan
+# (cache_seqlens a tensor); False: flash-attn's int seqlen_offset, an int cache_seqlens that keys
+# (and builds) a plan per step.
+EAGER_LENGTHS_TENSOR = False
+
+
 @torch.inference_mode()
 def decode(input_ids, model, max_length, top_k=1, top_p=0.0, min_p=0.0, temperature=1.0, repetition_penalty=1.0,
            eos_token_id=None, teacher_outputs=None, vocab_size=None, cg=False, enable_timing=False,
@@ -173,7 +180,9 @@ def decode(input_ids, model, max_length, top_k=1, top_p=0.0, min_p=0.0, temperat
         params = model._decoding_cache.inference_params
         params.reset(max_length, batch)
     else:
-        params = InferenceParams(max_seqlen=max_length, max_batch_size=batch)
+        lengths = (torch.zeros(batch, dtype=torch.int32, device=input_ids.device) if EAGER_LENGTHS_TENSOR
+                   else None)
+        params = InferenceParams(max_seqlen=max_length, max_batch_size=batch, lengths_per_sample=lengths)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     teacher_len = teacher_outputs.shape[1] if teacher_outputs is not None else 0
@@ -197,6 +206,8 @@ def decode(input_ids, model, max_length, top_k=1, top_p=0.0, min_p=0.0, temperat
             if cg:
                 logits = model._decoding_cache.run(last, position_ids, params.seqlen_offset)[:, -1]
             else:
+                if params.lengths_per_sample is not None:
+                    params.lengths_per_sample.fill_(params.seqlen_offset)
                 logits = model(last, position_ids=position_ids, inference_params=params,
                                num_last_tokens=1).logits[:, -1]
         if vocab_size is not None:
