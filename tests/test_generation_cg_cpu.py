@@ -198,3 +198,18 @@ def test_flash_attn_signatures():
     fields = list(generation.DecodingCGCache.__dataclass_fields__)
     assert fields[:8] == ["max_batch_size", "max_seqlen", "device", "dtype", "callables", "mempool",
                           "inference_params", "run"]
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "torch"])
+@pytest.mark.parametrize("case", ["gqa_rotary16_fused", "rotary8_interleaved_unfused"])
+def test_eager_lengths_tensor_switch(case, flash, monkeypatch):
+    """decode(cg=False) with the cache lengths as a tensor (EAGER_LENGTHS_TENSOR) = with flash-attn's int offset."""
+    m = model(case, flash=flash)
+    prompt = torch.randint(0, 97, (3, 5))
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(generation, "EAGER_LENGTHS_TENSOR", on)
+        runs.append(m.generate(prompt, 13, return_dict_in_generate=True, output_scores=True))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    for a, b in zip(runs[0].scores, runs[1].scores):
+        assert torch.allclose(a, b, atol=1e-10, rtol=1e-9)
