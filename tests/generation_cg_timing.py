@@ -4,8 +4,8 @@ on torch.nn.functional.scaled_dot_product_attention over a plain torch KV cache 
 kv heads, seqlen, head dim) k and v per layer: eager, the keys up to the host's offset; in the
 graph, written at the per-row lengths and masked to them). Not a test.
 
-    python tests/generation_cg_timing.py [--models gpt2,llama1b] [--batches 1,8] [--prompt 128]
-        [--new 256] [--reps 2] [--out timing.json]
+    python tests/generation_cg_timing.py [--cells gpt2:1,llama1b:1,gpt2:8,llama1b:8] [--prompt 128]
+        [--new 256] [--reps 2] [--peers cuflash,cuflash_lt,cuflash_cg,sdpa,sdpa_cg] [--out timing.json]
 
 Models: gpt2 (GPT-2 small, 124M: 12 layers, 768 wide, 12 heads, vocab 50257 padded to 50304,
 learned positions) and llama1b (TinyLlama-1.1B's shape: 22 layers, 2048 wide, 32 heads, 4 kv
@@ -14,8 +14,10 @@ batch) each peer runs once to warm up (kernels compiled, graphs captured), then 
 the peers interleaved. Each generate is timed with CUDA events around the whole call (prompt
 included); the prompt's forward alone is timed too, so decode ms/step = (total - prompt) /
 (new - 1). The host time of one eager decode step (the model's forward enqueueing its kernels,
-perf_counter, no sync) and of one graph step (cache.run) is the median over 32 steps. Writes
-every cell to --out as it is measured.
+perf_counter, no sync) and of one graph step (cache.run) is the median over 16 steps. Writes
+every cell to --out as it is measured. Peers: cuflash (decode(cg=False), flash-attn's int
+seqlen_offset), cuflash_lt (cg=False with EAGER_LENGTHS_TENSOR: the lengths as a tensor),
+cuflash_cg (cg=True), sdpa, sdpa_cg (the SDPA attention, eager and captured).
 """
 import argparse
 import json
@@ -63,7 +65,8 @@ def _sdpa_attend(mixer, q, kv, params):
     store = params.key_value_memory_dict.get(key)
     if store is None:
         shape = (params.max_batch_size, kv.shape[3], params.max_seqlen, kv.shape[4])
-        store = params.key_value_memory_dict[key] = (kv.new_empty(shape), kv.new_empty(shape))
+        # zeros: the graph's masked keys are read too (garbage NaNs would leak through the mask)
+        store = params.key_value_memory_dict[key] = (kv.new_zeros(shape), kv.new_zeros(shape))
     k_cache, v_cache = store
     k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)        # (b, kv heads, n, d)
     qt = q.transpose(1, 2)
@@ -126,7 +129,7 @@ def timed(fn):
 
 
 @torch.inference_mode()
-def host_step_times(model, prompt, max_length, cg, lengths_tensor, steps=32):
+def host_step_times(model, prompt, max_length, cg, lengths_tensor, steps=16):
     """(host µs per decode step (median), GPU µs per step (median)) after the prompt; eager steps
     with lengths_tensor fill inference_params.lengths_per_sample first (as decode does)."""
     batch = prompt.shape[0]
@@ -164,8 +167,7 @@ def host_step_times(model, prompt, max_length, cg, lengths_tensor, steps=32):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="gpt2,llama1b")
-    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--cells", default="gpt2:1,llama1b:1,gpt2:8,llama1b:8", help="model:batch, in order")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--reps", type=int, default=2)
@@ -180,69 +182,72 @@ def main():
     if args.peers:
         peers = {p: peers[p] for p in args.peers.split(",")}
     max_length = args.prompt + args.new
-    for name in args.models.split(","):
-        model = build(name)
+    models = {}
+    for name, batch in (c.split(":") for c in args.cells.split(",")):
+        batch = int(batch)
+        if name not in models:
+            models[name] = build(name)
+        model = models[name]
         n_params = sum(p.numel() for p in model.parameters())
-        for batch in (int(b) for b in args.batches.split(",")):
-            prompt = torch.randint(0, CONFIGS[name]["vocab_size"], (batch, args.prompt), device="cuda")
-            caches, times, tokens = {}, {p: [] for p in peers}, {}
+        prompt = torch.randint(0, CONFIGS[name]["vocab_size"], (batch, args.prompt), device="cuda")
+        caches, times, tokens = {}, {p: [] for p in peers}, {}
 
-            def run(peer):
-                sdpa, cg, lt = peers[peer]
-                set_sdpa(model, sdpa)
-                generation.EAGER_LENGTHS_TENSOR = lt
-                model._decoding_cache = caches.get(peer)
-                ms, seq = timed(lambda: model.generate(prompt, max_length, cg=cg))
-                caches[peer] = getattr(model, "_decoding_cache", None)
-                return ms, seq
+        def run(peer):
+            sdpa, cg, lt = peers[peer]
+            set_sdpa(model, sdpa)
+            generation.EAGER_LENGTHS_TENSOR = lt
+            model._decoding_cache = caches.get(peer)
+            ms, seq = timed(lambda: model.generate(prompt, max_length, cg=cg))
+            caches[peer] = getattr(model, "_decoding_cache", None)
+            print(f"  {name} b{batch} {peer}: {ms:.1f} ms", flush=True)
+            return ms, seq
 
-            warm = {}
+        warm = {}
+        for peer in peers:
+            warm[peer], tokens[peer] = run(peer)
+        for _ in range(args.reps):
             for peer in peers:
-                warm[peer], tokens[peer] = run(peer)
-            for _ in range(args.reps):
-                for peer in peers:
-                    ms, seq = run(peer)
-                    times[peer].append(ms)
-                    assert torch.equal(seq, tokens[peer]), f"{peer}: tokens changed between runs"
-            cell = {"model": name, "params_M": round(n_params / 1e6, 1), "batch": batch, "peers": {}}
-            for sdpa in (False, True):                       # the prompt's forward alone
-                set_sdpa(model, sdpa)
-                with torch.inference_mode():
-                    pf = [timed(lambda: model(prompt, inference_params=InferenceParams(max_length, batch),
-                                              num_last_tokens=1))[0] for _ in range(3)]
-                cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")] = statistics.median(pf)
-            for peer, (sdpa, cg, lt) in peers.items():
-                set_sdpa(model, sdpa)
-                model._decoding_cache = caches.get(peer)
-                host_us, gpu_us = host_step_times(model, prompt, max_length, cg, lt)
-                total = statistics.median(times[peer])
-                prompt_ms = cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")]
-                cell["peers"][peer] = {
-                    "total_ms": round(total, 3), "all_ms": [round(t, 3) for t in times[peer]],
-                    "warmup_ms": round(warm[peer], 1), "ms_per_token": round(total / args.new, 4),
-                    "tokens_per_s": round(batch * args.new / total * 1e3, 1),
-                    "decode_ms_per_step": round((total - prompt_ms) / (args.new - 1), 4),
-                    "host_us_per_step": round(host_us, 1), "gpu_us_per_step": round(gpu_us, 1)}
-            first = tokens[next(iter(peers))]
-            cell["tokens_equal_rows_vs_" + next(iter(peers))] = {
-                p: int((t == first).all(dim=1).sum()) for p, t in tokens.items()}
-            set_sdpa(model, False)
-            generation.EAGER_LENGTHS_TENSOR = False
-            model._decoding_cache = None
-            caches.clear()
-            results["cells"].append(cell)
-            for peer, r in cell["peers"].items():
-                print(f"{name} b{batch} {peer:11s} total {r['total_ms']:8.1f} ms  {r['ms_per_token']:.3f} ms/token  "
-                      f"{r['tokens_per_s']:8.1f} tok/s  decode {r['decode_ms_per_step']:.3f} ms/step  host "
-                      f"{r['host_us_per_step']:.0f} us/step  gpu {r['gpu_us_per_step']:.0f} us/step", flush=True)
-            print(f"{name} b{batch} prompt {cell['prompt_ms_cuflash']:.2f} ms (sdpa {cell['prompt_ms_sdpa']:.2f}); "
-                  f"rows with tokens equal to the first peer's {cell['tokens_equal_rows_vs_' + next(iter(peers))]}",
-                  flush=True)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(results, f, indent=1)
-        del model
-        torch.cuda.empty_cache()
+                ms, seq = run(peer)
+                times[peer].append(ms)
+                if not torch.equal(seq, tokens[peer]):
+                    print(f"  {name} b{batch} {peer}: tokens changed between runs", flush=True)
+        cell = {"model": name, "params_M": round(n_params / 1e6, 1), "batch": batch, "peers": {}}
+        for sdpa in (False, True):                       # the prompt's forward alone
+            set_sdpa(model, sdpa)
+            with torch.inference_mode():
+                pf = [timed(lambda: model(prompt, inference_params=InferenceParams(max_length, batch),
+                                          num_last_tokens=1))[0] for _ in range(3)]
+            cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")] = statistics.median(pf)
+        for peer, (sdpa, cg, lt) in peers.items():
+            set_sdpa(model, sdpa)
+            model._decoding_cache = caches.get(peer)
+            host_us, gpu_us = host_step_times(model, prompt, max_length, cg, lt)
+            total = statistics.median(times[peer])
+            prompt_ms = cell["prompt_ms_" + ("sdpa" if sdpa else "cuflash")]
+            cell["peers"][peer] = {
+                "total_ms": round(total, 3), "all_ms": [round(t, 3) for t in times[peer]],
+                "warmup_ms": round(warm[peer], 1), "ms_per_token": round(total / args.new, 4),
+                "tokens_per_s": round(batch * args.new / total * 1e3, 1),
+                "decode_ms_per_step": round((total - prompt_ms) / (args.new - 1), 4),
+                "host_us_per_step": round(host_us, 1), "gpu_us_per_step": round(gpu_us, 1)}
+        first = tokens[next(iter(peers))]
+        cell["tokens_equal_rows_vs_" + next(iter(peers))] = {
+            p: int((t == first).all(dim=1).sum()) for p, t in tokens.items()}
+        set_sdpa(model, False)
+        generation.EAGER_LENGTHS_TENSOR = False
+        model._decoding_cache = None
+        caches.clear()
+        results["cells"].append(cell)
+        for peer, r in cell["peers"].items():
+            print(f"{name} b{batch} {peer:11s} total {r['total_ms']:8.1f} ms  {r['ms_per_token']:.3f} ms/token  "
+                  f"{r['tokens_per_s']:8.1f} tok/s  decode {r['decode_ms_per_step']:.3f} ms/step  host "
+                  f"{r['host_us_per_step']:.0f} us/step  gpu {r['gpu_us_per_step']:.0f} us/step", flush=True)
+        print(f"{name} b{batch} prompt {cell['prompt_ms_cuflash']:.2f} ms (sdpa {cell['prompt_ms_sdpa']:.2f}); "
+              f"rows with tokens equal to the first peer's {cell['tokens_equal_rows_vs_' + next(iter(peers))]}",
+              flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
