@@ -4,7 +4,7 @@ their kernels on disk): per model shape and dtype a one-layer model of that shap
 prompt's forward, eager decode steps (cg=False) and the graph's warm-up steps (cg=True) at every
 (batch, prompt, max_length) the round uses, and the no-cache forward of the GPU tests.
 
-    CUPY_CACHE_DIR=/tmp/cupy_cache python tests/generation_cg_precompile.py [--processes 8]
+    CUPY_CACHE_DIR=/tmp/cupy_cache python tests/generation_cg_precompile.py [--processes 8] [--only timing|tests]
 """
 import argparse
 import os
@@ -51,10 +51,12 @@ def job(kind, name, dtype_name, cells):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--processes", type=int, default=8)
+    ap.add_argument("--only", default="", help="timing or tests: that kind of job only")
     args = ap.parse_args()
+    jobs = [j for j in JOBS if not args.only or j[0] == args.only]
     t0 = time.time()
     with ProcessPoolExecutor(args.processes, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(job, *j) for j in JOBS]
+        futures = [pool.submit(job, *j) for j in jobs]
         for f in as_completed(futures):
             print(f.result(), flush=True)
     print(f"precompiled in {time.time() - t0:.1f} s")
