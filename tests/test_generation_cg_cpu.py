@@ -213,3 +213,13 @@ def test_eager_lengths_tensor_switch(case, flash, monkeypatch):
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     for a, b in zip(runs[0].scores, runs[1].scores):
         assert torch.allclose(a, b, atol=1e-10, rtol=1e-9)
+
+
+def test_training_mode_rotary_recaptures_after_the_prompt(emulated):
+    """In training mode the prompt's forward remakes the (inference-mode) rotary tables that the
+    graph read: the step is captured again after the prompt, and the tokens stay eager's."""
+    m = model("gqa_rotary16_fused").train()
+    prompt = torch.randint(0, 97, (2, 5))
+    seq = m.generate(prompt, 11, cg=True)
+    assert [c[:2] for c in emulated] == [(2, 1), (2, 1)]
+    assert torch.equal(seq, m.generate(prompt, 11))

@@ -24,6 +24,14 @@ decoding length is new (a graph each), or all anew when ``max_length`` grows pas
 the batch size past its largest, the device or the KV cache's dtype changes, or a tensor the
 graphs read was replaced (parameters, buffers, rotary tables: ``model.to(...)``,
 ``load_state_dict(assign=True)``). A smaller ``max_length`` or batch size reuses the cache.
+Call ``model.eval()`` first: in training mode a rotary model remakes its tables in every forward
+(inference-mode tables), so each decode captures its graph again (correct, slow).
+
+``EAGER_LENGTHS_TENSOR`` (default False, flash-attn's way): with True, ``cg=False`` keeps the
+rows' cache lengths in ``lengths_per_sample`` too (filled before each step), so that
+``flash_attn_with_kvcache`` runs every step on one launch plan instead of a plan per cache
+length (an int ``cache_seqlens`` keys its plan); the same tokens and scores. In steady state the
+plans per length are cached and the two run alike; the first run of new lengths is faster.
 
 Differences from flash-attn: the outputs are this module's ``GreedySearchDecoderOnlyOutput`` /
 ``SampleDecoderOnlyOutput`` dataclasses (``sequences``, ``scores``; transformers is not needed);
