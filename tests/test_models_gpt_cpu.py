@@ -513,7 +513,7 @@ def test_generate_options():
     # repetition penalty and streamer run
     put = []
     streamer = types.SimpleNamespace(put=put.append, end=lambda: put.append("end"))
-    seq = m.generate(prompt, 8, repetition_penalty=1.3, streamer=streamer, cg=True)
+    seq = m.generate(prompt, 8, repetition_penalty=1.3, streamer=streamer)
     assert seq.shape == (2, 8) and put[-1] == "end" and len(put) == 1 + 4 + 1
 
 

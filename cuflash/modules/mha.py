@@ -399,8 +399,8 @@ class _AttentionLayer(nn.Module):
         the KV cache with inference_params (decoding after the prompt: rotary, cache append
         and attention in one flash_attn_with_kvcache) and the inner attention."""
         packed = kv is None
-        seqlen_offset = 0 if inference_params is None else (
-            inference_params.lengths_per_sample if inference_params.lengths_per_sample is not None
+        seqlen_offset = 0 if inference_params is None else (   # lengths_per_sample: max_batch_size rows
+            inference_params.lengths_per_sample[:q.shape[0]] if inference_params.lengths_per_sample is not None
             else inference_params.seqlen_offset)
         rotary_max_seqlen = inference_params.max_seqlen if inference_params is not None else None
         fused_decode = (inference_params is not None and inference_params.seqlen_offset > 0
