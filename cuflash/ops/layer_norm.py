@@ -37,6 +37,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import layer_norm as _ln
+
 __all__ = ["layer_norm_fn", "rms_norm_fn", "LayerNormFn", "layer_norm_ref", "rms_norm_ref", "RMSNorm", "LayerNorm",
            "layer_norm_linear_fn", "dropout_add_layer_norm", "dropout_add_layer_norm_parallel_residual",
            "layer_norm", "DropoutAddLayerNorm"]
@@ -130,10 +132,81 @@ def _norm_affine(h: Tensor, w, b, eps: float, is_rms_norm: bool, zero_centered: 
     return F.layer_norm(h, (n,), w, b, eps)
 
 
+# ---------------------------------------------------------------------------------------------
+# The fused kernels (cuflash.layer_norm): the common case of CUDA tensors
+# ---------------------------------------------------------------------------------------------
+
+# False: CUDA tensors take the torch composition too (the timing script compares the two).
+USE_KERNELS = True
+# Test hook: True sends CPU tensors through the kernel route too (the torch ops, whose CPU impls
+# run cuflash.layer_norm's float64 reference), so its plumbing is tested without a GPU.
+OPS_ROUTE_ON_CPU = False
+
+
+def _kernel_route(x, weight, bias, residual, x1, weight1, dropout_p, rowscale, layerscale, res_dtype,
+                  out_dtype) -> bool:
+    """The kernels take x [+ residual] -> norm · w [+ b] with no dropout, rowscale, layerscale, x1
+    or weight1, y in x's dtype; other calls take the composition."""
+    if not USE_KERNELS or dropout_p != 0.0 or rowscale is not None or layerscale is not None or x1 is not None \
+            or weight1 is not None or weight is None or out_dtype not in (None, x.dtype) or x.numel() == 0:
+        return False
+    return _ln.kernel_takes(x, weight, bias, residual, res_dtype) or (OPS_ROUTE_ON_CPU and not x.is_cuda)
+
+
+def _ln_fwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.layer_norm_fwd(*args)
+    return _ln.forward(*args)
+
+
+def _ln_bwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.layer_norm_bwd(*args)
+    return _ln.backward(*args)
+
+
+class _FusedNormFn(torch.autograd.Function):
+    """x [+ residual] -> (y, residual_out) through cuflash.layer_norm's kernels; residual_out is
+    an empty tensor when it is not written (h = x: the caller returns x itself)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+        shape, n = x.shape, x.shape[-1]
+        x2 = x.reshape(-1, n)
+        r2 = residual.reshape(-1, n) if residual is not None else None
+        y, res_out, mean, rstd = _ln_fwd(x2, weight, bias, r2, float(eps), is_rms, zero_centered, res_dtype,
+                                         write_res)
+        ctx.save_for_backward(res_out if write_res else x2, weight, mean, rstd)
+        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape, x.dtype)
+        ctx.set_materialize_grads(False)
+        if write_res:
+            return y.view(shape), res_out.view(shape)
+        ctx.mark_non_differentiable(res_out)
+        return y.view(shape), res_out
+
+    @staticmethod
+    def backward(ctx, dy, dres):
+        h, weight, mean, rstd = ctx.saved_tensors
+        has_bias, is_rms, zero_centered, has_residual, res_dtype, write_res, shape, x_dtype = ctx.flags
+        n = shape[-1]
+        dy = torch.zeros(h.shape, dtype=x_dtype, device=h.device) if dy is None else dy.reshape(-1, n)
+        dres2 = dres.reshape(-1, n) if write_res and dres is not None else None
+        dx, dw, db, dresid = _ln_bwd(dy, dres2, h, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                                     has_residual, res_dtype, write_res)
+        return (dx.view(shape), dw, db if has_bias else None, dresid.view(shape) if has_residual else None,
+                None, None, None, None, None)
+
+
 def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6,
                       dropout_p=0.0, rowscale=None, layerscale=None, residual_in_fp32=False,
                       zero_centered_weight=False, is_rms_norm=False, out_dtype=None):
     """The shared body: returns (y, y1, residual_out, mask, mask1); y1 / masks None when absent."""
+    res_dtype = residual.dtype if residual is not None else torch.float32 if residual_in_fp32 else x.dtype
+    if _kernel_route(x, weight, bias, residual, x1, weight1, dropout_p, rowscale, layerscale, res_dtype, out_dtype):
+        write_res = residual is not None or res_dtype != x.dtype
+        y, res = _FusedNormFn.apply(x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight, res_dtype,
+                                    write_res)
+        return y, None, res if write_res else x, None, None
     cdt = _compute_dtype(x, weight, bias, residual, x1, weight1, bias1)
     # each step forms its result in cdt, the 16-bit operand converted inside the operation
     h = x
