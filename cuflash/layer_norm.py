@@ -70,7 +70,7 @@ def reference_forward(x, weight, bias, residual, eps, is_rms, zero_centered, res
     h = x.double()
     if residual is not None:
         h = h + residual.double()
-    res_out = h.to(res_dtype) if write_res else x.new_empty(0)
+    res_out = h.to(res_dtype, copy=True) if write_res else x.new_empty(0)
     mean = torch.zeros(h.shape[0], dtype=torch.float64, device=x.device) if is_rms else h.mean(-1)
     var = (h * h).mean(-1) if is_rms else (h - mean[:, None]).square().mean(-1)
     rstd = 1.0 / torch.sqrt(var + eps)
@@ -79,11 +79,13 @@ def reference_forward(x, weight, bias, residual, eps, is_rms, zero_centered, res
     if bias is not None:
         y = y + bias.double()
     st = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return y.to(x.dtype), res_out, mean.to(st), rstd.to(st)
+    return y.to(x.dtype), res_out, mean.to(st, copy=True), rstd.to(st, copy=True)
 
 
-def reference_backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype):
-    xh = (h.double() - mean.double()[:, None]) * rstd.double()[:, None]
+def reference_backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
+                       res_dtype, h_from_res):
+    h = h.double() if h_from_res or residual is None else h.double() + residual.double()
+    xh = (h - mean.double()[:, None]) * rstd.double()[:, None]
     g = dy.double() * (weight.double() + (1.0 if zero_centered else 0.0))
     n = h.shape[-1]
     mgx = (g * xh).sum(-1, keepdim=True) / n
@@ -93,8 +95,8 @@ def reference_backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, ze
         dh = dh + dres_out.double()
     dw = (dy.double() * xh).sum(0).to(weight.dtype)
     db = dy.double().sum(0).to(weight.dtype) if has_bias else weight.new_empty(0)
-    dres = dh.to(res_dtype) if has_residual else dy.new_empty(0)
-    return dh.to(dy.dtype), dw, db, dres
+    dres = dh.to(res_dtype, copy=True) if has_residual else dy.new_empty(0)
+    return dh.to(dy.dtype, copy=True), dw, db, dres
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,25 +214,27 @@ def forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, wr
             t.fill_(float("nan"))
     if rows:
         vector = _vector(n, x, residual, weight, bias, y, res_out if write_res else None)
-        plan = _plan(rows, n, x.dtype, res_dtype, weight.dtype, x.device, vector, is_rms, eps, zero_centered,
-                     write_res)
+        plan = _plan(rows, n, x.dtype, res_dtype, weight.dtype, x.device, vector, is_rms, eps, zero_centered, False)
         ptrs = (x.data_ptr(), _p(residual), weight.data_ptr(), _p(bias), y.data_ptr(),
                 res_out.data_ptr() if write_res else 0, mean.data_ptr(), rstd.data_ptr(), 0, 0, 0, 0, 0, 0, 0)
         plan.run(ptrs, ((plan.fwd, rows, 1, plan.threads),), _raw_stream(plan.device))
     return y, res_out, mean, rstd
 
 
-def backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype,
-             h_from_res):
+def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
+             res_dtype, h_from_res):
     """(dx, dweight, dbias, dresidual): dy (rows, n) in x's dtype; dres_out the gradient of
-    residual_out or None; h the forward's residual_out (h_from_res) or x."""
+    residual_out or None; h the forward's fp32 residual_out (h_from_res), else x, and residual
+    the forward's residual (or None): h = x + residual again."""
     if not (dy.is_cuda and dy.dtype in _KERNEL_TYPES and weight.dtype in _KERNEL_TYPES and res_dtype in _KERNEL_TYPES
-            and h.dtype == (res_dtype if h_from_res else dy.dtype)):
-        return reference_backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered,
-                                  has_residual, res_dtype)
+            and h.dtype == (torch.float32 if h_from_res else dy.dtype)
+            and (h_from_res or residual is None or residual.dtype == res_dtype)):
+        return reference_backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                                  has_residual, res_dtype, h_from_res)
     rows, n = dy.shape
     dy = dy.contiguous()
     h = h.contiguous()
+    residual = residual.contiguous() if residual is not None and not h_from_res else None
     dres_out = dres_out.contiguous() if dres_out is not None else None
     dx = torch.empty_like(dy)
     dw = torch.empty_like(weight)
@@ -243,11 +247,11 @@ def backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centere
         dw.zero_()
         db.zero_()
         return dx, dw, db, dres
-    vector = _vector(n, dy, h, dres_out, weight, dx, dres if has_residual else None)
+    vector = _vector(n, dy, h, residual, dres_out, weight, dx, dres if has_residual else None)
     plan = _plan(rows, n, dy.dtype, res_dtype, weight.dtype, dy.device, vector, is_rms, 0.0, zero_centered,
                  h_from_res)
     partials = torch.empty(plan.splits * 2 * n, dtype=torch.float32, device=dy.device)
-    ptrs = (0 if h_from_res else h.data_ptr(), 0, weight.data_ptr(), 0, 0, h.data_ptr() if h_from_res else 0,
+    ptrs = (0 if h_from_res else h.data_ptr(), _p(residual), weight.data_ptr(), 0, 0, h.data_ptr() if h_from_res else 0,
             mean.data_ptr(), rstd.data_ptr(), dy.data_ptr(), _p(dres_out), dx.data_ptr(),
             dres.data_ptr() if has_residual else 0, partials.data_ptr(), dw.data_ptr(),
             db.data_ptr() if has_bias else 0)

@@ -1685,7 +1685,8 @@ torch.library.define(
     "ScalarType res_dtype, bool write_res) -> (Tensor, Tensor, Tensor, Tensor)")
 torch.library.define(
     "cuflash::layer_norm_bwd",
-    "(Tensor dy, Tensor? dres_out, Tensor h, Tensor weight, bool has_bias, Tensor mean, Tensor rstd, bool is_rms, "
+    "(Tensor dy, Tensor? dres_out, Tensor h, Tensor? residual, Tensor weight, bool has_bias, Tensor mean, "
+    "Tensor rstd, bool is_rms, "
     "bool zero_centered, bool has_residual, ScalarType res_dtype, bool h_from_res) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
@@ -1695,11 +1696,11 @@ def _ln_fwd_op(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype,
     return layer_norm.forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res)
 
 
-def _ln_bwd_op(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype,
-               h_from_res):
+def _ln_bwd_op(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
+               res_dtype, h_from_res):
     from . import layer_norm
 
-    return layer_norm.backward(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
+    return layer_norm.backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
                                res_dtype, h_from_res)
 
 
@@ -1717,7 +1718,8 @@ def _(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_re
 
 
 @torch.library.register_fake("cuflash::layer_norm_bwd")
-def _(dy, dres_out, h, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype, h_from_res):
+def _(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype,
+      h_from_res):
     return (torch.empty_like(dy), torch.empty_like(weight),
             torch.empty_like(weight) if has_bias else weight.new_empty(0),
             dy.new_empty(tuple(dy.shape) if has_residual else (0,), dtype=res_dtype))

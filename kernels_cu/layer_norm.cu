@@ -13,8 +13,8 @@
 //             dh += dresidual_out (prenorm),  dx = dh,  dresidual = dh (residual given)
 //             dweight = Σ_rows dy · x̂,  dbias = Σ_rows dy
 //
-// h in the backward is residual_out when it was written (h_from_res), else x: the forward's h
-// rounded to Res (exact for residual_in_fp32), as flash-attn's backward.
+// h in the backward is the forward's fp32 h: read from residual_out when that is fp32
+// (h_from_res), else x [+ residual] added again.
 //
 // Work split: the forward and layer_norm_bwd_dx give one CTA of kThreads to a row; the row lives
 // in registers, kChunks chunks of 8 elements per thread (chunk c of thread t: columns
@@ -47,12 +47,11 @@ template <class T>
 struct LnIO {
     static __device__ __forceinline__ void load8(const void* base, i64 i, float (&v)[8]) {
         const u32x4 w = *reinterpret_cast<const u32x4*>(static_cast<const u16*>(base) + i);
-        const u32 words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = to_float<T>(static_cast<u16>(words[k] & 0xffffu));
-            v[2 * k + 1] = to_float<T>(static_cast<u16>(words[k] >> 16));
-        }
+        unpack2(w.x, v[0], v[1]), unpack2(w.y, v[2], v[3]), unpack2(w.z, v[4], v[5]), unpack2(w.w, v[6], v[7]);
+    }
+    static __device__ __forceinline__ void unpack2(u32 word, float& lo, float& hi) {
+        lo = to_float<T>(static_cast<u16>(word & 0xffffu));
+        hi = to_float<T>(static_cast<u16>(word >> 16));
     }
     static __device__ __forceinline__ void store8(void* base, i64 i, const float (&v)[8]) {
         *reinterpret_cast<u32x4*>(static_cast<u16*>(base) + i) =
@@ -109,6 +108,24 @@ __device__ __forceinline__ void ln_store(void* base, i64 row0, int col, int n, c
     }
 }
 
+// The backward's h: residual_out (h_from_res: fp32, the forward's h exactly), else x [+ residual]
+// summed again in fp32 (a 16-bit residual_out is h rounded: its x̂ would be off by the rounding
+// times rstd, large where the row's spread is small next to its mean).
+template <class Elem, class Res, bool kVector>
+__device__ __forceinline__ void ln_load_h(const LayerNormParams& p, i64 row0, int col, float (&h)[8]) {
+    if (p.h_from_res) {
+        ln_load<Res, kVector>(p.residual_out, row0, col, p.n, h);
+        return;
+    }
+    ln_load<Elem, kVector>(p.x, row0, col, p.n, h);
+    if (p.residual) {
+        float r[8];
+        ln_load<Res, kVector>(p.residual, row0, col, p.n, r);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] += r[i];
+    }
+}
+
 // The CTA's sum of v (every thread gets it). red: kThreads / 32 floats; the leading barrier
 // lets a previous call's readers finish before red is rewritten.
 template <int kThreads>
@@ -127,7 +144,7 @@ __device__ __forceinline__ float ln_cta_sum(float v, float* red) {
 }
 
 template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
 layer_norm_fwd(const LayerNormParams p) {
     static_assert(kThreads % 32 == 0, "whole warps");
     __shared__ float red[kThreads / 32];
@@ -201,8 +218,7 @@ layer_norm_bwd_dx(const LayerNormParams p) {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
         const int col = (c * kThreads + threadIdx.x) * 8;
-        if (p.h_from_res) ln_load<Res, kVector>(p.residual_out, row0, col, p.n, xh[c]);
-        else ln_load<Elem, kVector>(p.x, row0, col, p.n, xh[c]);
+        ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
         float dy[8], w[8];
         ln_load<Elem, kVector>(p.dy, row0, col, p.n, dy);
         ln_load<W, kVector>(p.weight, 0, col, p.n, w);
@@ -248,8 +264,7 @@ layer_norm_bwd_dw(const LayerNormParams p) {
         const float mean = p.is_rms ? 0.f : p.mean[row];
         const float rstd = p.rstd[row];
         float hv[8], dy[8];
-        if (p.h_from_res) ln_load<Res, kVector>(p.residual_out, row0, col, p.n, hv);
-        else ln_load<Elem, kVector>(p.x, row0, col, p.n, hv);
+        ln_load_h<Elem, Res, kVector>(p, row0, col, hv);
         ln_load<Elem, kVector>(p.dy, row0, col, p.n, dy);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {

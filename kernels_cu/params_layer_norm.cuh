@@ -34,7 +34,7 @@ struct LayerNormParams {
     int rows;
     int n;
     int is_rms;               // 1: RMSNorm (no mean), 0: LayerNorm
-    int h_from_res;           // backward: h is residual_out (Res), else x (Elem)
+    int h_from_res;           // backward: h is residual_out (fp32), else x [+ residual]
     int splits;               // backward column-sum row splits (gridDim.y of layer_norm_bwd_dw)
     int rows_per_split;
     float eps;

@@ -176,8 +176,11 @@ class _FusedNormFn(torch.autograd.Function):
         r2 = residual.reshape(-1, n) if residual is not None else None
         y, res_out, mean, rstd = _ln_fwd(x2, weight, bias, r2, float(eps), is_rms, zero_centered, res_dtype,
                                          write_res)
-        ctx.save_for_backward(res_out if write_res else x2, weight, mean, rstd)
-        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape, x.dtype)
+        # the backward's h: an fp32 residual_out is the forward's h exactly; else x + residual again
+        h_from_res = write_res and res_dtype == torch.float32 and x.dtype != torch.float64
+        ctx.save_for_backward(res_out if h_from_res else x2, None if h_from_res else r2, weight, mean, rstd)
+        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape, x.dtype,
+                     h_from_res)
         ctx.set_materialize_grads(False)
         if write_res:
             return y.view(shape), res_out.view(shape)
@@ -186,13 +189,13 @@ class _FusedNormFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dres):
-        h, weight, mean, rstd = ctx.saved_tensors
-        has_bias, is_rms, zero_centered, has_residual, res_dtype, write_res, shape, x_dtype = ctx.flags
+        h, r2, weight, mean, rstd = ctx.saved_tensors
+        has_bias, is_rms, zero_centered, has_residual, res_dtype, write_res, shape, x_dtype, h_from_res = ctx.flags
         n = shape[-1]
         dy = torch.zeros(h.shape, dtype=x_dtype, device=h.device) if dy is None else dy.reshape(-1, n)
         dres2 = dres.reshape(-1, n) if write_res and dres is not None else None
-        dx, dw, db, dresid = _ln_bwd(dy, dres2, h, weight, has_bias, mean, rstd, is_rms, zero_centered,
-                                     has_residual, res_dtype, write_res)
+        dx, dw, db, dresid = _ln_bwd(dy, dres2, h, r2, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                                     has_residual, res_dtype, h_from_res)
         return (dx.view(shape), dw, db if has_bias else None, dresid.view(shape) if has_residual else None,
                 None, None, None, None, None)
 

@@ -1,0 +1,30 @@
+"""A small fused LayerNorm / RMSNorm workload for compute-sanitizer (not a test): forward and
+backward (dx, the dweight partials and their sum) with one-element (n = 17) and 16-byte (n = 1024)
+accesses, residual + prenorm, residual_in_fp32, bias, bf16 and fp32, synchronized at the end.
+
+    compute-sanitizer --tool memcheck python tests/layer_norm_sanitize.py
+"""
+import torch
+
+from cuflash.ops.layer_norm import layer_norm_fn
+
+
+def main():
+    torch.manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float32):
+        for rows, n in ((5, 17), (3, 1024)):
+            for rms in (True, False):
+                for residual, prenorm, fp32 in ((False, False, False), (True, True, False), (False, True, True)):
+                    x = torch.randn(rows, n, device="cuda", dtype=dtype, requires_grad=True)
+                    w = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+                    b = None if rms else torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+                    r = torch.randn(rows, n, device="cuda", dtype=dtype, requires_grad=True) if residual else None
+                    out = layer_norm_fn(x, w, b, residual=r, prenorm=prenorm, residual_in_fp32=fp32, is_rms_norm=rms)
+                    loss = out[0].float().sum() + out[1].float().square().sum() if prenorm else out.float().sum()
+                    loss.backward()
+    torch.cuda.synchronize()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""cuflash.ops.layer_norm's fused-kernel route without a GPU: the kernel source compiled by nvcc
+(sm_80, sm_90a: no spills) with its params struct laid out as cuflash.launch packs it; the route's
+plumbing (the torch ops cuflash::layer_norm_fwd / _bwd, whose CPU impls run cuflash.layer_norm's
+float64 reference) against the torch composition, eager and under torch.compile(fullgraph);
+torch.library.opcheck of the ops; which calls take the route."""
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuflash import layer_norm as ln_kernels  # noqa: E402
+from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
+from cuflash.launch import struct_dtype  # noqa: E402
+from cuflash.ops import layer_norm as ops  # noqa: E402
+from cuflash.ops.layer_norm import layer_norm_fn  # noqa: E402
+
+F64 = dict(dtype=torch.float64)
+CASES = {
+    "ln": dict(),
+    "rms": dict(is_rms_norm=True),
+    "ln_res_prenorm": dict(residual=True, prenorm=True),
+    "rms_res": dict(residual=True, is_rms_norm=True),
+    "rms_prenorm_fp32": dict(prenorm=True, residual_in_fp32=True, is_rms_norm=True),
+    "zero_centered": dict(residual=True, prenorm=True, zero_centered_weight=True),
+}
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the kernel module's forward / backward calls; OPS_ROUTE_ON_CPU on."""
+    monkeypatch.setattr(ops, "OPS_ROUTE_ON_CPU", True)
+    calls = {"fwd": 0, "bwd": 0}
+    f, b = ln_kernels.forward, ln_kernels.backward
+
+    def fwd(*a):
+        calls["fwd"] += 1
+        return f(*a)
+
+    def bwd(*a):
+        calls["bwd"] += 1
+        return b(*a)
+
+    monkeypatch.setattr(ln_kernels, "forward", fwd)
+    monkeypatch.setattr(ln_kernels, "backward", bwd)
+    return calls
+
+
+def run(kw, bias=True, shape=(3, 5, 17)):
+    torch.manual_seed(0)
+    n = shape[-1]
+    x = torch.randn(shape, **F64, requires_grad=True)
+    w = torch.randn(n, **F64, requires_grad=True)
+    b = torch.randn(n, **F64, requires_grad=True) if bias else None
+    r = torch.randn(shape, **F64, requires_grad=True) if kw.get("residual") else None
+    args = {k: v for k, v in kw.items() if k != "residual"}
+    out = layer_norm_fn(x, w, b, residual=r, **args)
+    y, res = out if kw.get("prenorm") else (out, None)
+    loss = (y * torch.randn(shape, **F64)).sum()
+    if res is not None:
+        loss = loss + (res * torch.randn(shape, **F64)).sum()
+    loss.backward()
+    return [t.detach() for t in (y, res, x.grad, w.grad, None if b is None else b.grad,
+                                  None if r is None else r.grad) if t is not None]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ops_route_matches_composition(counted, case):
+    kw = CASES[case]
+    got = run(kw)
+    assert counted == {"fwd": 1, "bwd": 1}
+    ops.OPS_ROUTE_ON_CPU = False
+    want = run(kw)
+    assert counted == {"fwd": 1, "bwd": 1}
+    assert len(got) == len(want)
+    tol = 1e-12
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        assert torch.allclose(a, b, atol=tol, rtol=1e-10)
+
+
+def test_ops_route_gradcheck(counted):
+    torch.manual_seed(1)
+    x = torch.randn(4, 9, **F64, requires_grad=True)
+    w = torch.randn(9, **F64, requires_grad=True)
+    b = torch.randn(9, **F64, requires_grad=True)
+    r = torch.randn(4, 9, **F64, requires_grad=True)
+    for rms in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda x, w, b, r: layer_norm_fn(x, w, b, residual=r, prenorm=True, is_rms_norm=rms), (x, w, b, r))
+
+
+def test_ops_route_fullgraph(counted):
+    torch.manual_seed(2)
+    x = torch.randn(6, 16, **F64)
+    w = torch.randn(16, **F64)
+    r = torch.randn(6, 16, **F64)
+    fn = lambda x, w, r: layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    outs = []
+    for f in (fn, compiled):
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, r)]
+        y, res = f(*leaves)
+        grads = torch.autograd.grad(y.sum() + res.square().sum(), leaves)
+        outs.append((y, res) + grads)
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_opcheck():
+    torch.manual_seed(3)
+    x = torch.randn(5, 12, **F64)
+    w = torch.randn(12, **F64)
+    b = torch.randn(12, **F64)
+    r = torch.randn(5, 12, **F64)
+    args = (x, w, b, r, 1e-5, False, False, torch.float64, True)
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_fwd.default, args)
+    y, res, mean, rstd = torch.ops.cuflash.layer_norm_fwd(*args)
+    dy = torch.randn(5, 12, **F64)
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_bwd.default,
+                          (dy, dy.clone(), x, r, w, True, mean, rstd, False, False, True, torch.float64, False))
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_bwd.default,
+                          (dy, None, res.float(), None, w, True, mean, rstd, False, False, True, torch.float64, True))
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_fwd.default,
+                          (x, w, None, None, 1e-5, True, False, torch.float64, False))
+
+
+def test_route_by_arguments(counted):
+    x = torch.randn(4, 8, **F64)
+    w = torch.randn(8, **F64)
+    layer_norm_fn(x, w, None)
+    assert counted["fwd"] == 1
+    layer_norm_fn(x, w, None, dropout_p=0.1)
+    layer_norm_fn(x, w, None, rowscale=torch.ones(4, **F64))
+    layer_norm_fn(x, w, None, x1=x.clone())
+    layer_norm_fn(x, w, None, weight1=w.clone())
+    layer_norm_fn(x, None, None)
+    layer_norm_fn(x, w, None, out_dtype=torch.float32)
+    assert counted["fwd"] == 1
+    ops.USE_KERNELS = False
+    try:
+        layer_norm_fn(x, w, None)
+    finally:
+        ops.USE_KERNELS = True
+    assert counted["fwd"] == 1
+
+
+def test_kernel_takes():
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    w = torch.zeros(16, dtype=torch.bfloat16)
+    assert not ln_kernels.kernel_takes(x, w, None, None, torch.bfloat16)   # CPU
+    assert ln_kernels.threads_for(1) == 32 and ln_kernels.threads_for(1024) == 32
+    assert ln_kernels.threads_for(1025) == 64 and ln_kernels.threads_for(4104) == 256
+    assert ln_kernels.threads_for(8192) == 256 and ln_kernels.threads_for(16384) == 512
+    with pytest.raises(ValueError):
+        ln_kernels.threads_for(16385)
+
+
+def test_bad_arguments_before_route():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="weight"):
+        layer_norm_fn(x, torch.ones(7), None)
+    with pytest.raises(ValueError, match="residual"):
+        layer_norm_fn(x, torch.ones(8), None, residual=torch.ones(4, 7))
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm_fn(x, torch.ones(8), None, eps=-1.0)
+
+
+def test_not_a_registered_family():
+    from cuflash import registry
+
+    assert all("layer_norm" not in f.name for f in registry.families())
+
+
+# ---------------------------------------------------------------------------------------
+# the CUDA kernels' source, without a GPU
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+
+
+def instantiations():
+    bf, fp, f32 = torch.bfloat16, torch.float16, torch.float32
+    out = []
+    for combo in ((bf, bf, bf), (bf, f32, f32), (fp, fp, fp), (fp, fp, f32), (f32, f32, f32)):
+        for t in (32, 256, 512):
+            for v in (True, False):
+                out += ln_kernels.kernel_names(*combo, t, v)
+    return list(dict.fromkeys(out))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_kernel_compiles_without_spills(tmp_path, arch):
+    names = instantiations()
+    lines = [render_source("layer_norm")]
+    lines += [f"template __global__ void {n}(const cuflash::LayerNormParams);" for n in names]
+    src = tmp_path / "layer_norm.cu"
+    src.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    reports = parse_ptxas(proc.stderr + proc.stdout)
+    assert len(reports) == len(names)
+    assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in reports), reports
+
+
+@needs_nvcc
+def test_params_layout_matches_nvcc(tmp_path):
+    dt = struct_dtype("LayerNormParams")
+    checks = [f"static_assert(sizeof(cuflash::LayerNormParams) == {dt.itemsize}, \"sizeof\");"]
+    checks += [f"static_assert(__builtin_offsetof(cuflash::LayerNormParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
+               for n in dt.names]
+    src = tmp_path / "layout.cu"
+    src.write_text('#include "params_layer_norm.cuh"\n' + "\n".join(checks) + "\n")
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
+                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert ln_kernels._PTRS.size == dt.fields["rows"][1]   # the per-call pointers come first
