@@ -234,6 +234,7 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
     rows, n = dy.shape
     dy = dy.contiguous()
     h = h.contiguous()
+    weight = weight.contiguous()
     residual = residual.contiguous() if residual is not None and not h_from_res else None
     dres_out = dres_out.contiguous() if dres_out is not None else None
     dx = torch.empty_like(dy)

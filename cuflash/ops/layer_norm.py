@@ -1,6 +1,13 @@
 """Dropout + residual add + LayerNorm / RMSNorm with flash-attn 2.8's names, arguments, return
-values and dtype rules, as torch compositions (autograd through torch's own operations, no fused
-kernel; ``torch.compile`` traces them like any torch code).
+values and dtype rules. The common case runs fused CUDA kernels (``cuflash.layer_norm``,
+``kernels_cu/layer_norm.cu``): CUDA x [+ residual] in bf16 / fp16 / fp32 with a weight (bias
+optional), rows of at most 16384 features, no dropout, rowscale, layerscale, x1 or weight1, y in
+x's dtype; one read of x (and the residual) and one write of y (and residual_out) forward, dx
+(and dresidual) by one kernel and dweight / dbias by per-CTA partial sums and a second small
+kernel backward; under torch.compile the same kernels run as the torch ops
+``cuflash::layer_norm_fwd`` / ``layer_norm_bwd``. Every other call (CPU, float64, dropout, ...)
+and ``USE_KERNELS = False`` take the torch compositions below (autograd through torch's own
+operations; ``torch.compile`` traces them like any torch code).
 
 ``flash_attn.ops.triton.layer_norm`` → ``cuflash.ops.layer_norm`` (also importable as
 ``cuflash.ops.triton.layer_norm``): ``layer_norm_fn``, ``rms_norm_fn``, ``RMSNorm``,
