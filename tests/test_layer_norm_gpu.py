@@ -157,7 +157,7 @@ def test_compiled():
     fn = lambda x, w: layer_norm_fn(x, w, None, is_rms_norm=True)  # noqa: E731
     y = fn(x, w)
     gx, gw = torch.autograd.grad(y.float().square().sum(), (x, w))
-    c = torch.compile(fn, fullgraph=True)
+    c = torch.compile(fn, backend="aot_eager", fullgraph=True)   # the ops traced; no inductor compile time
     y2 = c(x, w)
     gx2, gw2 = torch.autograd.grad(y2.float().square().sum(), (x, w))
     assert torch.equal(y, y2) and torch.equal(gx, gx2) and torch.equal(gw, gw2)
