@@ -127,6 +127,19 @@ def _drop_plans() -> None:
 compile_mod.on_change(_drop_plans)
 
 
+_POINTER_FIELDS = ("x", "residual", "weight", "bias", "y", "residual_out", "mean", "rstd", "dy", "dresidual_out", "dx",
+                   "dresidual", "partials", "dweight", "dbias")
+
+
+def static_fields(rows, n, is_rms, h_from_res, splits, rows_per_split, eps, zero_centered) -> dict:
+    """Every LayerNormParams field for cuflash.launch.pack: the pointers 0 (written per call
+    through _PTRS), the rest the plan's."""
+    fields = dict.fromkeys(_POINTER_FIELDS, 0)
+    fields.update(rows=rows, n=n, is_rms=int(is_rms), h_from_res=int(h_from_res), splits=splits,
+                  rows_per_split=rows_per_split, eps=eps, w_offset=1.0 if zero_centered else 0.0)
+    return fields
+
+
 class _Plan:
     """One call shape: the module's kernels, grids and a packed record of the static fields."""
     __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "threads", "rows", "n", "splits", "rec", "lock",
@@ -158,9 +171,8 @@ class _Plan:
         rows_per_split = max(1, -(-rows // want))
         self.splits = max(1, -(-rows // rows_per_split))
         self.dw_grid = col_blocks
-        self.rec = _Record(pack("LayerNormParams", rows=rows, n=n, is_rms=int(is_rms), h_from_res=int(h_from_res),
-                                splits=self.splits, rows_per_split=rows_per_split, eps=eps,
-                                w_offset=1.0 if zero_centered else 0.0))
+        self.rec = _Record(pack("LayerNormParams", **static_fields(rows, n, is_rms, h_from_res, self.splits,
+                                                                   rows_per_split, eps, zero_centered)))
         self.lock = threading.Lock()
 
     def run(self, ptrs, steps, stream):

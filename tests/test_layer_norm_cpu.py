@@ -219,3 +219,43 @@ def test_params_layout_matches_nvcc(tmp_path):
                            "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert ln_kernels._PTRS.size == dt.fields["rows"][1]   # the per-call pointers come first
+
+
+def test_static_record_packs():
+    """The plan's record packs without a GPU: every field given, the per-call pointers first, in
+    _PTRS' order (session 27's first GPU run failed here: pack was given no pointer fields)."""
+    from cuflash.launch import pack
+
+    rec = pack("LayerNormParams", **ln_kernels.static_fields(7, 4104, True, False, 3, 3, 1e-5, True))
+    dt = struct_dtype("LayerNormParams")
+    assert dt.names[:len(ln_kernels._POINTER_FIELDS)] == ln_kernels._POINTER_FIELDS
+    assert rec["n"] == 4104 and rec["rows_per_split"] == 3 and rec["w_offset"] == 1.0
+    assert ln_kernels._PTRS.size == dt.fields["rows"][1]
+
+
+def test_plan_launch_path_mocked(monkeypatch):
+    """_Plan and its run() without a GPU: compile, the device calls and the driver launch mocked;
+    the packed record's pointers and the three backward launches' grids as the host builds them."""
+    import types
+
+    from cupy_backends.cuda.api import driver
+
+    from cuflash import launch as launch_mod
+
+    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_kernels",
+                        lambda src, names, dev: {n: types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=i + 1))
+                                                 for i, n in enumerate(names)})
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    calls = []
+    monkeypatch.setattr(driver, "launchKernel", lambda *a: calls.append(a))
+    dev = types.SimpleNamespace(index=0)
+    plan = ln_kernels._Plan(1000, 4104, torch.bfloat16, torch.float32, torch.bfloat16, dev, True, False, 1e-5,
+                            False, True)
+    assert plan.threads == 256 and plan.splits * -(-1000 // plan.splits) >= 1000
+    ptrs = tuple(range(16, 16 * 16, 16))
+    plan.run(ptrs, ((plan.bwd_dx, 1000, 1, plan.threads), (plan.bwd_dw, plan.dw_grid, plan.splits, 128)), 7)
+    assert [c[:5] for c in calls] == [(2, 1000, 1, 1, 256), (3, plan.dw_grid, plan.splits, 1, 128)]
+    rec = plan.rec.record
+    assert tuple(int(rec[f][0]) for f in ln_kernels._POINTER_FIELDS) == ptrs
+    assert int(rec["splits"][0]) == plan.splits and int(rec["h_from_res"][0]) == 1
