@@ -231,6 +231,18 @@ def get_helper_kernels(source: str, names: tuple, device_id: int) -> dict:
     return kernels
 
 
+def get_helper_functions(source: str, names: tuple, device_id: int) -> tuple:
+    """The CUfunction handles (ints, in ``names``' order) of ``get_helper_kernels``' kernels for a
+    launcher that calls the driver itself (rotary.py, cross_entropy.py). A RawKernel loads its module
+    on the device current when its function is first asked for, so the handles are taken with
+    ``device_id`` current, whatever device the caller had."""
+    import cupy
+
+    kernels = get_helper_kernels(source, names, device_id)
+    with cupy.cuda.Device(device_id):
+        return tuple(kernels[name].kernel.ptr for name in names)
+
+
 def _compile_one(job):
     config, device_id = job
     start = time.perf_counter()

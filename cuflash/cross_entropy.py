@@ -138,16 +138,9 @@ class _Plan:
         exprs = kernel_names(logits.dtype)
         self.fwd_threads, self.bwd_threads = FWD[0], BWD[0]
         self.launch = driver.launchKernel
-        self.get_device, self.set_device = get_device, set_device = _device_fns()
-        current = get_device()
-        if current != self.device:
-            set_device(self.device)
-        try:
-            kernels = compile_mod.get_helper_kernels("cross_entropy", exprs, self.device)
-            self.fwd, self.combine, self.bwd_vector, self.bwd_scalar = (kernels[e].kernel.ptr for e in exprs)
-        finally:
-            if current != self.device:
-                set_device(current)
+        self.get_device, self.set_device = _device_fns()
+        self.fwd, self.combine, self.bwd_vector, self.bwd_scalar = compile_mod.get_helper_functions(
+            "cross_entropy", exprs, self.device)
         self.splits, split_cols = _splits(rows, n_cols, sm_count)
         static = dict(logits=0, labels=0, loss=0, z_loss=0, lse=0, part=0, partials=0, grad_loss=0, dlogits=0,
                       grad_loss_stride=0, logits_row_stride=logits.stride(0), dlogits_row_stride=0,

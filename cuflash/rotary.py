@@ -240,16 +240,8 @@ class _Plan:
         types = f"{_KERNEL_TYPES[x.dtype]}, {_KERNEL_TYPES[cos.dtype]}, {'true' if interleaved else 'false'}"
         exprs = (f"cuflash::rotary<{types}, false>", f"cuflash::rotary<{types}, true>")
         self.launch = driver.launchKernel
-        self.get_device, self.set_device = get_device, set_device = _device_fns()
-        current = get_device()
-        if current != self.device:
-            set_device(self.device)
-        try:
-            kernels = compile_mod.get_helper_kernels("rotary", exprs, self.device)
-            fns = [kernels[e].kernel.ptr for e in exprs]
-        finally:
-            if current != self.device:
-                set_device(current)
+        self.get_device, self.set_device = _device_fns()
+        fns = compile_mod.get_helper_functions("rotary", exprs, self.device)
         tensor_offsets = _offsets_kind(seqlen_offsets) == "tensor"
         static = dict(x=0, out=0, cos=0, sin=0, cu_seqlens=0, seqlen_offsets=0,
                       x_batch_stride=0 if varlen else xs[0], x_row_stride=xs[-3], x_head_stride=xs[-2],

@@ -50,16 +50,19 @@ def main():
         torch.cuda.cudart().cudaProfilerStop()
 
 
-def summarize(path):
+SUMMARY_KEYS = ("Kernel Name", "gpu__time_duration.sum", "smsp__issue_active.avg.pct", "sm__inst_executed.sum",
+                "smsp__inst_executed.avg.per_cycle_active", "pipe_tensor", "pipe_fma", "pipe_alu", "pipe_xu",
+                "pipe_fmaheavy", "pipe_fp16", "smsp__average_warp", "smsp__warps_eligible")
+
+
+def summarize(path, keys=SUMMARY_KEYS):
+    """An ncu --page raw --csv export: the columns whose names contain one of ``keys``, one block per kernel."""
     import csv
 
     lines = open(path).read().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
     rows = list(csv.reader(lines[start:]))
     hdr = rows[0]
-    keys = ("Kernel Name", "gpu__time_duration.sum", "smsp__issue_active.avg.pct", "sm__inst_executed.sum",
-            "smsp__inst_executed.avg.per_cycle_active", "pipe_tensor", "pipe_fma", "pipe_alu", "pipe_xu",
-            "pipe_fmaheavy", "pipe_fp16", "smsp__average_warp", "smsp__warps_eligible")
     want = [i for i, col in enumerate(hdr) if any(k in col for k in keys)]
     for r in rows[2:]:
         print("----")

@@ -53,21 +53,11 @@ def main():
 def summarize(path):
     """The raw page's columns that answer where the time goes: instructions by class, issue activity,
     stall reasons (per issue), pipe use; one block per kernel."""
-    import csv
+    from drop6_ncu_view import summarize as columns
 
-    lines = open(path).read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
-    rows = list(csv.reader(lines[start:]))
-    hdr = rows[0]
-    keys = ("Kernel Name", "gpu__time_duration.sum", "issue_active", "inst_executed.sum", "inst_executed_pipe",
-            "smsp__average_warp", "warp_issue_stalled", "warps_eligible", "pipe_tensor", "pipe_fma", "pipe_alu",
-            "pipe_xu", "pipe_fp16", "sass_thread_inst_executed_op", "launch__registers")
-    want = [i for i, col in enumerate(hdr) if any(key in col for key in keys)]
-    for r in rows[2:]:
-        print("----")
-        for i in want:
-            if i < len(r) and r[i]:
-                print(f"{hdr[i]} = {r[i][:90]}")
+    columns(path, ("Kernel Name", "gpu__time_duration.sum", "issue_active", "inst_executed.sum", "inst_executed_pipe",
+                   "smsp__average_warp", "warp_issue_stalled", "warps_eligible", "pipe_tensor", "pipe_fma",
+                   "pipe_alu", "pipe_xu", "pipe_fp16", "sass_thread_inst_executed_op", "launch__registers"))
 
 
 if __name__ == "__main__":

@@ -39,11 +39,27 @@ def test_given_plain_config_keeps_the_schedule_fields(feats):
 
 @pytest.mark.parametrize("feats", [("alibi", "softcap"), ("softcap", "window"), ("alibi", "softcap", "window"),
                                    ("dropout",), ("dropout", "softcap")], ids="_".join)
-def test_other_feature_sets_drop_them(feats):
+def test_other_feature_sets_drop_them(feats, monkeypatch):
+    # dropout alone at bf16 d 128 takes them through its own rule (DROPOUT_FAST, session 27: the test below);
+    # without that rule it drops them like the other sets
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {})
     p = problem(feats, dropout_p=0.1 if "dropout" in feats else 0.0)
     got = FAM.for_problem(plain_config(p), p)
     assert not (got.dq_early or got.dk_late or got.frag_pin), got.name
     assert not (got.ds_double and (got.softcap or got.alibi)), got.name
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_alone_takes_dropout_fast(causal):
+    """DROPOUT_FAST (session 27, drp8): a bf16 d 128 dropout backward keeps the plain call's speed fields; fp16
+    and dropout with another feature do not."""
+    p = problem(("dropout",), causal=causal, dropout_p=0.1)
+    got = FAM.for_problem(plain_config(p), p)
+    assert got.dq_early and got.dk_late and got.frag_pin and got.dynamic, got.name
+    assert got.problems(227 * 1024) == [], got.name
+    for q in (p.replace(dtype="fp16"), problem(("dropout", "softcap"), causal=causal, dropout_p=0.1)):
+        other = FAM.for_problem(plain_config(q), q)
+        assert not (other.dq_early or other.dk_late or other.frag_pin), other.name
 
 
 @pytest.mark.parametrize("feats", SINGLE, ids="_".join)

@@ -70,3 +70,21 @@ def test_pair_cluster_method():
     assert FAM.pair_cluster(heur.replace(pdl=1), p, 2).regs_cluster == 0
     assert FAM.pair_cluster(heur.replace(regs=0), p, 2).regs_cluster == 0
     assert FAM.pair_cluster(heur, p.replace(batch=1), 2).regs_cluster == 0
+
+
+def test_staged_switch_keeps_a_valid_config(h100, monkeypatch):
+    """Review (session 27): with the staged ring switched on for every call, a 2-split batch-8 call keeps its
+    staged config (no pair: regs_staged and regs_cluster are not built together) instead of raising."""
+    monkeypatch.setattr(mod, "REGS_STAGED_DEFAULT", 1)
+    c = _cfg(8, 32768)
+    assert c.regs_staged and not c.regs_cluster and not c.problems(232448), c.name
+
+
+def test_regs_fallback_to_another_head_dim_is_valid():
+    """Review (session 27): a chosen batch-1 regs config (separate early combine, pdl) met by a call of another head
+    dim falls back to the cp.async loop without the regs kernel's early separate combine."""
+    p = Problem("decode", "bf16", 1, 1, 4096, 32, 8, 128, False, False, ())
+    cfg = FAM.heuristic(p, (9, 0))
+    assert cfg.regs and cfg.early_merge and not cfg.fused_combine, cfg.name
+    out = FAM.call_config(cfg, p.replace(head_dim=96), (9, 0), 0, chosen=True)
+    assert not out.regs and not out.early_merge and not out.problems(232448), out.name

@@ -260,6 +260,9 @@ def fake_launches(monkeypatch):
 def test_feature_params_reach_the_struct(monkeypatch, fake_encoder):
     """window bounds, softcap factors and the ALiBi batch stride land in the packed Sm90BwdParams
     (BwdParams' fields), the slopes' address per call through run_fields."""
+    # dropout's own speed rule (DROPOUT_FAST, session 27) off: this test's dropout rows check the rules before it
+    # (test_bwd_feature_sched_cpu.py::test_dropout_alone_takes_dropout_fast checks the rule)
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {})
     dt, launches = fake_launches(monkeypatch)
     p = problem(128, "bf16", False).replace(features=("alibi", "softcap", "window"), window=(40, 7),
                                             softcap=25.0, alibi_batched=True)

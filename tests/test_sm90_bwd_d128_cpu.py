@@ -125,6 +125,9 @@ def test_rules_and_for_problem():
 
 
 def test_heuristic_switches(monkeypatch):
+    # dropout's own speed rule (DROPOUT_FAST, session 27) off: this test's dropout rows check the rules before it
+    # (test_bwd_feature_sched_cpu.py::test_dropout_alone_takes_dropout_fast checks the rule)
+    monkeypatch.setattr(sm90_bwd, "DROPOUT_FAST", {})
     # as shipped: dk_late (with dq_early and ds_double, on the plain grid) for plain unordered d128
     # calls, dk_late with dq_early on d64's dynamic tile, measured; the rest off
     assert not (sm90_bwd.HEURISTIC_DQ_EARLY or sm90_bwd.HEURISTIC_S_AHEAD)

@@ -1396,8 +1396,10 @@ class DecodeSplitKV(Family):
             if not chosen:
                 raise ValueError(f"q: the regs kernel (config regs) needs the head dim to equal the config's "
                                  f"{config.head_dim}, got {problem.head_dim}")
+            # early_merge stays only with the fused combine (the cp.async loop's separate combine has no early form)
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0)
+                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0,
+                                    early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
         keys = problem.batch * problem.seqlen_k
@@ -1454,11 +1456,12 @@ class DecodeSplitKV(Family):
     def pair_cluster(self, config, problem: Problem, splits: int):
         """A chosen ``config`` for a call of ``problem`` at ``splits`` splits: with REGS_CLUSTER_PAIRS
         (REGS_CLUSTER_PAIRS_PAGED for paged caches), a regs config with the fused combine at batch >= 2 and
-        exactly 2 splits merges them as one cluster of 2 CTAs (regs_cluster 2) instead; else ``config``."""
+        exactly 2 splits merges them as one cluster of 2 CTAs (regs_cluster 2) instead; else ``config`` (a staged
+        config, regs_staged, keeps its own merge: the staged ring and a cluster are not built together)."""
         paged = "paged_kv" in problem.features
         if (splits == 2 and problem.batch >= 2 and (REGS_CLUSTER_PAIRS_PAGED if paged else REGS_CLUSTER_PAIRS)
                 and getattr(config, "regs", 0) and not config.regs_cluster and config.fused_combine
-                and not config.pdl and config.head_dim % 8 == 0):
+                and not config.pdl and not config.regs_staged and config.head_dim % 8 == 0):
             return config.replace(regs_cluster=2, fused_combine=False, light_fence=False)
         return config
 
