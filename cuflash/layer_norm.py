@@ -13,7 +13,7 @@ torch CUDA tensors that ``kernel_takes`` run the kernels (compiled by CuPy/NVRTC
 launched by raw pointer on torch's current stream); others (CPU, float64) run
 ``reference_forward`` / ``reference_backward``, the same formulas as torch operations in float64
 (what the torch ops' CPU impls call). Not an attention family: the kernels compile through
-``cuflash.compile.get_helper_kernels``, as rotary and cross-entropy.
+``cuflash.compile.get_helper_functions``, as rotary and cross-entropy.
 """
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ _DW_THREADS = 128               # kLnDwThreads
 _FINISH_THREADS = 256           # kLnFinishThreads
 # layer_norm_bwd_dw: row splits until about DW_CTAS_PER_SM CTAs per SM are launched
 DW_CTAS_PER_SM = 4
+# True: the backward runs layer_norm_bwd (dx and per-CTA dweight / dbias partials in one pass over dy
+# and h, as many CTAs as fit on the GPU at once); False: layer_norm_bwd_dx, then layer_norm_bwd_dw
+# reading dy and h again
+FUSED_DW = True
+FUSED_MAX_THREADS = 256   # layer_norm_bwd's four 32-float arrays per thread spill at 512 threads (128 registers)
 
 
 def threads_for(n: int) -> int:
@@ -47,13 +52,16 @@ def threads_for(n: int) -> int:
 
 
 def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
-    """The name expressions of one module: forward, backward dx, backward dw partials, dw finish."""
+    """The name expressions of one module: forward, backward dx, backward dw partials, dw finish,
+    and up to FUSED_MAX_THREADS threads the fused backward (dx and the dw partials)."""
     e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
     v = "true" if vector else "false"
+    fused = (f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",) if threads <= FUSED_MAX_THREADS \
+        else ()
     return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
-            f"cuflash::layer_norm_bwd_dw_finish<{w}>")
+            f"cuflash::layer_norm_bwd_dw_finish<{w}>") + fused
 
 
 def kernel_takes(x: Tensor, weight, bias, residual, res_dtype) -> bool:
@@ -142,10 +150,11 @@ def static_fields(rows, n, is_rms, h_from_res, splits, rows_per_split, eps, zero
 
 class _Plan:
     """One call shape: the module's kernels, grids and a packed record of the static fields."""
-    __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "threads", "rows", "n", "splits", "rec", "lock",
-                 "launch", "get_device", "set_device", "dw_grid")
+    __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "bwd", "threads", "rows", "n", "splits", "rec",
+                 "lock", "launch", "get_device", "set_device", "dw_grid", "fused")
 
-    def __init__(self, rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res):
+    def __init__(self, rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
+                 fused=False):
         from cupy_backends.cuda.api import driver
 
         from .launch import _device_fns, pack
@@ -155,22 +164,29 @@ class _Plan:
         self.threads = threads_for(n)
         exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector)
         self.launch = driver.launchKernel
-        self.get_device, self.set_device = get_device, set_device = _device_fns()
-        current = get_device()
-        if current != self.device:
-            set_device(self.device)
-        try:
-            kernels = compile_mod.get_helper_kernels("layer_norm", exprs, self.device)
-            self.fwd, self.bwd_dx, self.bwd_dw, self.finish = (kernels[e].kernel.ptr for e in exprs)
-        finally:
-            if current != self.device:
-                set_device(current)
+        self.get_device, self.set_device = _device_fns()
+        fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
+        self.fwd, self.bwd_dx, self.bwd_dw, self.finish = fns[:4]
+        self.bwd = fns[4] if len(fns) > 4 else None
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        col_blocks = -(-n // (8 * _DW_THREADS))
-        want = max(1, -(-DW_CTAS_PER_SM * sm_count // col_blocks))
-        rows_per_split = max(1, -(-rows // want))
-        self.splits = max(1, -(-rows // rows_per_split))
-        self.dw_grid = col_blocks
+        self.fused = fused = fused and self.bwd is not None
+        if fused:   # one CTA per resident slot (occupancy of layer_norm_bwd), each a partials row
+            current = self.get_device()
+            if current != self.device:
+                self.set_device(self.device)
+            try:
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.bwd, self.threads, 0)
+            finally:
+                if current != self.device:
+                    self.set_device(current)
+            self.splits = max(1, min(rows, max(1, per_sm) * sm_count))
+            rows_per_split = 0
+        else:
+            col_blocks = -(-n // (8 * _DW_THREADS))
+            want = max(1, -(-DW_CTAS_PER_SM * sm_count // col_blocks))
+            rows_per_split = max(1, -(-rows // want))
+            self.splits = max(1, -(-rows // rows_per_split))
+        self.dw_grid = -(-n // (8 * _DW_THREADS))
         self.rec = _Record(pack("LayerNormParams", **static_fields(rows, n, is_rms, h_from_res, self.splits,
                                                                    rows_per_split, eps, zero_centered)))
         self.lock = threading.Lock()
@@ -193,13 +209,14 @@ def _vector(n, *tensors) -> bool:
     return n % 8 == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
-def _plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res):
+def _plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
+          fused=False):
     key = (rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res, CHUNKS,
-           DW_CTAS_PER_SM)
+           DW_CTAS_PER_SM, fused)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _Plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered,
-                                   h_from_res)
+                                   h_from_res, fused)
     return plan
 
 
@@ -262,12 +279,16 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
         return dx, dw, db, dres
     vector = _vector(n, dy, h, residual, dres_out, weight, dx, dres if has_residual else None)
     plan = _plan(rows, n, dy.dtype, res_dtype, weight.dtype, dy.device, vector, is_rms, 0.0, zero_centered,
-                 h_from_res)
+                 h_from_res, FUSED_DW)
     partials = torch.empty(plan.splits * 2 * n, dtype=torch.float32, device=dy.device)
     ptrs = (0 if h_from_res else h.data_ptr(), _p(residual), weight.data_ptr(), 0, 0, h.data_ptr() if h_from_res else 0,
             mean.data_ptr(), rstd.data_ptr(), dy.data_ptr(), _p(dres_out), dx.data_ptr(),
             dres.data_ptr() if has_residual else 0, partials.data_ptr(), dw.data_ptr(),
             db.data_ptr() if has_bias else 0)
-    plan.run(ptrs, ((plan.bwd_dx, rows, 1, plan.threads), (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS),
-                    (plan.finish, -(-n // _FINISH_THREADS), 1, _FINISH_THREADS)), _raw_stream(plan.device))
+    finish = (plan.finish, -(-n // _FINISH_THREADS), 1, _FINISH_THREADS)
+    if plan.fused:
+        steps = ((plan.bwd, plan.splits, 1, plan.threads), finish)
+    else:
+        steps = ((plan.bwd_dx, rows, 1, plan.threads), (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS), finish)
+    plan.run(ptrs, steps, _raw_stream(plan.device))
     return dx, dw, db, dres

@@ -249,6 +249,74 @@ layer_norm_bwd_dx(const LayerNormParams p) {
     }
 }
 
+// dx (and dresidual) and the dweight / dbias partials in one pass: CTA b takes rows b, b + gridDim.x,
+// ... (a row at a time, as layer_norm_bwd_dx) and keeps Σ dy · x̂ and Σ dy of its threads' columns
+// in registers (a thread's columns are the same in every row), written to partials[b] at the end
+// (splits = gridDim.x), so dy and h are read once.
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+layer_norm_bwd(const LayerNormParams p) {
+    __shared__ float red[kThreads / 32];
+    float dw[kChunks][8], db[kChunks][8];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dw[c][i] = 0.f, db[c][i] = 0.f;
+    const float inv_n = 1.f / static_cast<float>(p.n);
+    for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
+        const i64 row0 = static_cast<i64>(row) * p.n;
+        const float mean = p.is_rms ? 0.f : p.mean[row];
+        const float rstd = p.rstd[row];
+        float xh[kChunks][8], dy[kChunks][8];
+        float sg = 0.f, sgx = 0.f;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+            const int col = (c * kThreads + threadIdx.x) * 8;
+            ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
+            ln_load<Elem, kVector>(p.dy, row0, col, p.n, dy[c]);
+            float w[8];
+            ln_load<W, kVector>(p.weight, 0, col, p.n, w);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                xh[c][i] = (xh[c][i] - mean) * rstd;    // absent columns: dy = w = 0, so g = 0
+                const float g = dy[c][i] * (w[i] + p.w_offset);
+                sg += g;
+                sgx = fmaf(g, xh[c][i], sgx);
+                dw[c][i] = fmaf(dy[c][i], xh[c][i], dw[c][i]);
+                db[c][i] += dy[c][i];
+            }
+        }
+        const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
+        const float mgx = ln_cta_sum<kThreads>(sgx, red) * inv_n;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+            const int col = (c * kThreads + threadIdx.x) * 8;
+            float w[8], dres[8], dh[8];
+            ln_load<W, kVector>(p.weight, 0, col, p.n, w);   // again (L1): fewer live registers
+            if (p.dresidual_out) ln_load<Res, kVector>(p.dresidual_out, row0, col, p.n, dres);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                dh[i] = rstd * (dy[c][i] * (w[i] + p.w_offset) - mg - xh[c][i] * mgx);
+                if (p.dresidual_out) dh[i] += dres[i];
+            }
+            ln_store<Elem, kVector>(p.dx, row0, col, p.n, dh);
+            if (p.dresidual) ln_store<Res, kVector>(p.dresidual, row0, col, p.n, dh);
+        }
+    }
+    float* out = p.partials + static_cast<i64>(blockIdx.x) * 2 * p.n;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kThreads + threadIdx.x) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            if (col + i < p.n) {
+                out[col + i] = dw[c][i];
+                out[p.n + col + i] = db[c][i];
+            }
+        }
+    }
+}
+
 // Partial column sums Σ dy · x̂ and Σ dy over rows [blockIdx.y · rows_per_split, ...) for the
 // CTA's 8 · kLnDwThreads columns, into partials[blockIdx.y].
 template <class Elem, class Res, bool kVector>

@@ -12,7 +12,7 @@ namespace cuflash {
 //   dresidual_out, dresidual: Res (the residual's dtype, else fp32 / x's dtype)
 //   weight, bias, dweight, dbias : W, (n,)
 //   mean, rstd              : (rows,) fp32 (mean unused by RMSNorm)
-//   partials                : (splits, 2, n) fp32 backward workspace: per row split Σ dy·x̂, Σ dy
+//   partials                : (splits, 2, n) fp32 backward workspace: per row split (or CTA) Σ dy·x̂, Σ dy
 // The pointers come first: cuflash/layer_norm.py writes them per call; a null pointer is an
 // absent tensor.
 struct LayerNormParams {
@@ -35,7 +35,7 @@ struct LayerNormParams {
     int n;
     int is_rms;               // 1: RMSNorm (no mean), 0: LayerNorm
     int h_from_res;           // backward: h is residual_out (fp32), else x [+ residual]
-    int splits;               // backward column-sum row splits (gridDim.y of layer_norm_bwd_dw)
+    int splits;               // backward partials rows: gridDim.y of layer_norm_bwd_dw, gridDim.x of layer_norm_bwd
     int rows_per_split;
     float eps;
     float w_offset;           // 1 under zero_centered_weight (w = weight + 1), else 0

@@ -242,9 +242,8 @@ def test_plan_launch_path_mocked(monkeypatch):
 
     from cuflash import launch as launch_mod
 
-    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_kernels",
-                        lambda src, names, dev: {n: types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=i + 1))
-                                                 for i, n in enumerate(names)})
+    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_functions",
+                        lambda src, names, dev: tuple(range(1, len(names) + 1)))
     monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
     calls = []
@@ -259,3 +258,27 @@ def test_plan_launch_path_mocked(monkeypatch):
     rec = plan.rec.record
     assert tuple(int(rec[f][0]) for f in ln_kernels._POINTER_FIELDS) == ptrs
     assert int(rec["splits"][0]) == plan.splits and int(rec["h_from_res"][0]) == 1
+
+
+def test_fused_plan_mocked(monkeypatch):
+    """The fused backward's plan: as many CTAs as fit at once (the occupancy query, mocked), at most
+    one per row, each a row of partials; none above FUSED_MAX_THREADS threads (two-pass there)."""
+    import types
+
+    from cupy_backends.cuda.api import driver
+
+    from cuflash import launch as launch_mod
+
+    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_functions",
+                        lambda src, names, dev: tuple(range(1, len(names) + 1)))
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, threads, smem: 3)
+    dev = types.SimpleNamespace(index=0)
+    args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
+    plan = ln_kernels._Plan(16384, 4096, *args, True)
+    assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132 and int(plan.rec.record["splits"][0]) == 396
+    assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
+    big = ln_kernels._Plan(16384, 16384, *args, True)
+    assert big.threads == 512 and not big.fused and big.bwd is None
+    assert len(ln_kernels.kernel_names(torch.bfloat16, torch.bfloat16, torch.bfloat16, 512, True)) == 4

@@ -2,7 +2,8 @@
 formula on the same data: y (and residual_out) within 2x, dx / dresidual / dweight / dbias within
 3x the error of the same computation done plainly in the inputs' dtype (flash-attn's rms_norm_ref
 / layer_norm_ref without upcast). Rows of 1, 17 (one element per access), 1024, 4104, 8192, 16384
-features; residual, prenorm, residual_in_fp32, zero_centered_weight; bf16 / fp16 / fp32 x with a
+features (and thousands of rows: several per CTA of the fused backward, and the two-pass backward);
+residual, prenorm, residual_in_fp32, zero_centered_weight; bf16 / fp16 / fp32 x with a
 weight in x's dtype or fp32; outputs NaN-poisoned before every launch.
 
 ``tests/layer_norm_precompile.py`` fills the kernel cache in parallel first."""
@@ -69,10 +70,24 @@ def run(fn, leaves, rms, prenorm, zero_centered, residual_in_fp32, g, gres):
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
 def test_against_float64(rms, dtype, n, case):
-    torch.manual_seed(n + len(case))
+    check_case(rms, dtype, n, NS[n], case)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_pass"])
+@pytest.mark.parametrize("rows,n", [(3001, 4104), (5003, 999), (1500, 8192)])
+@pytest.mark.parametrize("case", ["plain", "res_fp32_prenorm", "prenorm"])
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
+def test_many_rows_per_cta(monkeypatch, rms, rows, n, case, fused):
+    """More rows than the fused backward's CTAs (each sums several rows' dweight / dbias
+    partials in registers), and the two-pass backward (FUSED_DW = False) on the same cases."""
+    monkeypatch.setattr(ln_kernels, "FUSED_DW", fused)
+    check_case(rms, "bf16", n, rows, case)
+
+
+def check_case(rms, dtype, n, rows, case):
+    torch.manual_seed(n + len(case) + rows)
     kw = CASES[case]
     dt = DTYPES[dtype]
-    rows = NS[n]
     prenorm, res_fp32, zc = kw.get("prenorm", False), kw.get("residual_in_fp32", False), kw.get(
         "zero_centered_weight", False)
     res_dtype = torch.float32 if res_fp32 and kw.get("residual") else None
