@@ -36,11 +36,18 @@ _DW_THREADS = 128               # kLnDwThreads
 _FINISH_THREADS = 256           # kLnFinishThreads
 # layer_norm_bwd_dw: row splits until about DW_CTAS_PER_SM CTAs per SM are launched
 DW_CTAS_PER_SM = 4
-# True: the backward runs layer_norm_bwd (dx and per-CTA dweight / dbias partials in one pass over dy
-# and h, as many CTAs as fit on the GPU at once); False: layer_norm_bwd_dx, then layer_norm_bwd_dw
-# reading dy and h again
-FUSED_DW = True
-FUSED_MAX_THREADS = 256   # layer_norm_bwd's four 32-float arrays per thread spill at 512 threads (128 registers)
+# The backward: "smem" / "regs": layer_norm_bwd (dx and per-CTA dweight / dbias partials in one pass
+# over dy and h, as many CTAs as fit on the GPU at once), its column sums in shared memory / in
+# registers (up to REGS_MAX_THREADS threads, else "smem"); False: layer_norm_bwd_dx, then
+# layer_norm_bwd_dw reading dy and h again
+FUSED_DW = "smem"
+REGS_MAX_THREADS = 256   # the register sums' four 32-float arrays per thread spill at 512 threads (128 registers)
+_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def fused_smem(threads: int) -> int:
+    """layer_norm_bwd<..., kSmem = true>'s dynamic shared memory: Σ dy · x̂ and Σ dy, fp32, per column."""
+    return 2 * CHUNKS * 8 * threads * 4
 
 
 def threads_for(n: int) -> int:
@@ -53,11 +60,12 @@ def threads_for(n: int) -> int:
 
 def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
     """The name expressions of one module: forward, backward dx, backward dw partials, dw finish,
-    and up to FUSED_MAX_THREADS threads the fused backward (dx and the dw partials)."""
+    the fused backward (dx and the dw partials) with its sums in shared memory and, up to
+    REGS_MAX_THREADS threads, in registers."""
     e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
     v = "true" if vector else "false"
-    fused = (f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",) if threads <= FUSED_MAX_THREADS \
-        else ()
+    fused = tuple(f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}, {smem}>"
+                  for smem in ("true", "false")[:2 if threads <= REGS_MAX_THREADS else 1])
     return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
@@ -150,8 +158,8 @@ def static_fields(rows, n, is_rms, h_from_res, splits, rows_per_split, eps, zero
 
 class _Plan:
     """One call shape: the module's kernels, grids and a packed record of the static fields."""
-    __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "bwd", "threads", "rows", "n", "splits", "rec",
-                 "lock", "launch", "get_device", "set_device", "dw_grid", "fused")
+    __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "bwd", "smem", "threads", "rows", "n", "splits",
+                 "rec", "lock", "launch", "get_device", "set_device", "dw_grid", "fused")
 
     def __init__(self, rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
                  fused=False):
@@ -167,15 +175,21 @@ class _Plan:
         self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
         self.fwd, self.bwd_dx, self.bwd_dw, self.finish = fns[:4]
-        self.bwd = fns[4] if len(fns) > 4 else None
+        fused = "smem" if fused is True else fused
+        if fused == "regs" and len(fns) < 6:
+            fused = "smem"
+        self.fused = fused
+        self.bwd = fns[4 if fused == "smem" else 5] if fused else None
+        self.smem = fused_smem(self.threads) if fused == "smem" else 0
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-        self.fused = fused = fused and self.bwd is not None
         if fused:   # one CTA per resident slot (occupancy of layer_norm_bwd), each a partials row
             current = self.get_device()
             if current != self.device:
                 self.set_device(self.device)
             try:
-                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.bwd, self.threads, 0)
+                if self.smem > 48 * 1024:   # above 48 KB, dynamic shared memory is opted into per kernel
+                    driver.funcSetAttribute(self.bwd, _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem)
+                per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.bwd, self.threads, self.smem)
             finally:
                 if current != self.device:
                     self.set_device(current)
@@ -198,8 +212,8 @@ class _Plan:
             if current != self.device:
                 self.set_device(self.device)
             try:
-                for fn, gx, gy, threads in steps:
-                    self.launch(fn, gx, gy, 1, threads, 1, 1, 0, stream, self.rec.argv_ptr, 0)
+                for fn, gx, gy, threads, smem in steps:
+                    self.launch(fn, gx, gy, 1, threads, 1, 1, smem, stream, self.rec.argv_ptr, 0)
             finally:
                 if current != self.device:
                     self.set_device(current)
@@ -246,7 +260,7 @@ def forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, wr
         plan = _plan(rows, n, x.dtype, res_dtype, weight.dtype, x.device, vector, is_rms, eps, zero_centered, False)
         ptrs = (x.data_ptr(), _p(residual), weight.data_ptr(), _p(bias), y.data_ptr(),
                 res_out.data_ptr() if write_res else 0, mean.data_ptr(), rstd.data_ptr(), 0, 0, 0, 0, 0, 0, 0)
-        plan.run(ptrs, ((plan.fwd, rows, 1, plan.threads),), _raw_stream(plan.device))
+        plan.run(ptrs, ((plan.fwd, rows, 1, plan.threads, 0),), _raw_stream(plan.device))
     return y, res_out, mean, rstd
 
 
@@ -285,10 +299,11 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
             mean.data_ptr(), rstd.data_ptr(), dy.data_ptr(), _p(dres_out), dx.data_ptr(),
             dres.data_ptr() if has_residual else 0, partials.data_ptr(), dw.data_ptr(),
             db.data_ptr() if has_bias else 0)
-    finish = (plan.finish, -(-n // _FINISH_THREADS), 1, _FINISH_THREADS)
+    finish = (plan.finish, -(-n // _FINISH_THREADS), 1, _FINISH_THREADS, 0)
     if plan.fused:
-        steps = ((plan.bwd, plan.splits, 1, plan.threads), finish)
+        steps = ((plan.bwd, plan.splits, 1, plan.threads, plan.smem), finish)
     else:
-        steps = ((plan.bwd_dx, rows, 1, plan.threads), (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS), finish)
+        steps = ((plan.bwd_dx, rows, 1, plan.threads, 0), (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS, 0),
+                 finish)
     plan.run(ptrs, steps, _raw_stream(plan.device))
     return dx, dw, db, dres

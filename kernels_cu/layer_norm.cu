@@ -249,19 +249,53 @@ layer_norm_bwd_dx(const LayerNormParams p) {
     }
 }
 
+// layer_norm_bwd's per-thread column sums Σ dy · x̂ and Σ dy (its kChunks · 8 columns): in
+// registers, or (kSmem) in dynamic shared memory, 2 · kChunks · 8 · kThreads floats, each thread
+// its own words (consecutive threads, consecutive words: no bank conflicts, no barriers).
+template <int kThreads, int kChunks, bool kSmem>
+struct LnColSums {
+    float dw[kChunks][8], db[kChunks][8];
+    __device__ __forceinline__ LnColSums(float*) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dw[c][i] = 0.f, db[c][i] = 0.f;
+    }
+    __device__ __forceinline__ void add(int c, int i, float dy, float xh) {
+        dw[c][i] = fmaf(dy, xh, dw[c][i]);
+        db[c][i] += dy;
+    }
+    __device__ __forceinline__ float w(int c, int i) const { return dw[c][i]; }
+    __device__ __forceinline__ float b(int c, int i) const { return db[c][i]; }
+};
+template <int kThreads, int kChunks>
+struct LnColSums<kThreads, kChunks, true> {
+    float* s;
+    static constexpr int kB = kChunks * 8 * kThreads;   // the Σ dy block after the Σ dy · x̂ one
+    __device__ __forceinline__ LnColSums(float* smem) : s(smem + threadIdx.x) {
+#pragma unroll
+        for (int k = 0; k < kChunks * 8; ++k) s[k * kThreads] = 0.f, s[kB + k * kThreads] = 0.f;
+    }
+    __device__ __forceinline__ void add(int c, int i, float dy, float xh) {
+        float& w = s[(c * 8 + i) * kThreads];
+        w = fmaf(dy, xh, w);
+        s[kB + (c * 8 + i) * kThreads] += dy;
+    }
+    __device__ __forceinline__ float w(int c, int i) const { return s[(c * 8 + i) * kThreads]; }
+    __device__ __forceinline__ float b(int c, int i) const { return s[kB + (c * 8 + i) * kThreads]; }
+};
+
 // dx (and dresidual) and the dweight / dbias partials in one pass: CTA b takes rows b, b + gridDim.x,
 // ... (a row at a time, as layer_norm_bwd_dx) and keeps Σ dy · x̂ and Σ dy of its threads' columns
-// in registers (a thread's columns are the same in every row), written to partials[b] at the end
-// (splits = gridDim.x), so dy and h are read once.
-template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
+// (a thread's columns are the same in every row) in LnColSums, written to partials[b] at the end
+// (splits = gridDim.x), so dy and h are read once. kSmem: the sums in dynamic shared memory
+// (2 · kChunks · 8 · kThreads floats), else in registers.
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector, bool kSmem>
 __global__ void __launch_bounds__(kThreads)
 layer_norm_bwd(const LayerNormParams p) {
     __shared__ float red[kThreads / 32];
-    float dw[kChunks][8], db[kChunks][8];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) dw[c][i] = 0.f, db[c][i] = 0.f;
+    extern __shared__ float col_sums[];
+    LnColSums<kThreads, kChunks, kSmem> sums(col_sums);
     const float inv_n = 1.f / static_cast<float>(p.n);
     for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
         const i64 row0 = static_cast<i64>(row) * p.n;
@@ -282,8 +316,7 @@ layer_norm_bwd(const LayerNormParams p) {
                 const float g = dy[c][i] * (w[i] + p.w_offset);
                 sg += g;
                 sgx = fmaf(g, xh[c][i], sgx);
-                dw[c][i] = fmaf(dy[c][i], xh[c][i], dw[c][i]);
-                db[c][i] += dy[c][i];
+                sums.add(c, i, dy[c][i], xh[c][i]);
             }
         }
         const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
@@ -310,8 +343,8 @@ layer_norm_bwd(const LayerNormParams p) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             if (col + i < p.n) {
-                out[col + i] = dw[c][i];
-                out[p.n + col + i] = db[c][i];
+                out[col + i] = sums.w(c, i);
+                out[p.n + col + i] = sums.b(c, i);
             }
         }
     }

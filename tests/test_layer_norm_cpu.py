@@ -253,16 +253,17 @@ def test_plan_launch_path_mocked(monkeypatch):
                             False, True)
     assert plan.threads == 256 and plan.splits * -(-1000 // plan.splits) >= 1000
     ptrs = tuple(range(16, 16 * 16, 16))
-    plan.run(ptrs, ((plan.bwd_dx, 1000, 1, plan.threads), (plan.bwd_dw, plan.dw_grid, plan.splits, 128)), 7)
-    assert [c[:5] for c in calls] == [(2, 1000, 1, 1, 256), (3, plan.dw_grid, plan.splits, 1, 128)]
+    plan.run(ptrs, ((plan.bwd_dx, 1000, 1, plan.threads, 0), (plan.bwd_dw, plan.dw_grid, plan.splits, 128, 0)), 7)
+    assert [c[:8] for c in calls] == [(2, 1000, 1, 1, 256, 1, 1, 0), (3, plan.dw_grid, plan.splits, 1, 128, 1, 1, 0)]
     rec = plan.rec.record
     assert tuple(int(rec[f][0]) for f in ln_kernels._POINTER_FIELDS) == ptrs
     assert int(rec["splits"][0]) == plan.splits and int(rec["h_from_res"][0]) == 1
 
 
 def test_fused_plan_mocked(monkeypatch):
-    """The fused backward's plan: as many CTAs as fit at once (the occupancy query, mocked), at most
-    one per row, each a row of partials; none above FUSED_MAX_THREADS threads (two-pass there)."""
+    """The fused backward's plan: as many CTAs as fit at once (the occupancy query, mocked, given
+    the shared memory), at most one per row, each a row of partials; the shared-memory sums opted
+    in above 48 KB; no register sums above REGS_MAX_THREADS threads (shared memory there)."""
     import types
 
     from cupy_backends.cuda.api import driver
@@ -273,12 +274,20 @@ def test_fused_plan_mocked(monkeypatch):
                         lambda src, names, dev: tuple(range(1, len(names) + 1)))
     monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
-    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, threads, smem: 3)
+    occ, attrs = [], []
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor",
+                        lambda fn, threads, smem: occ.append((fn, threads, smem)) or 3)
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: attrs.append((fn, attr, value)))
     dev = types.SimpleNamespace(index=0)
     args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
-    plan = ln_kernels._Plan(16384, 4096, *args, True)
-    assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132 and int(plan.rec.record["splits"][0]) == 396
-    assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
-    big = ln_kernels._Plan(16384, 16384, *args, True)
-    assert big.threads == 512 and not big.fused and big.bwd is None
-    assert len(ln_kernels.kernel_names(torch.bfloat16, torch.bfloat16, torch.bfloat16, 512, True)) == 4
+    plan = ln_kernels._Plan(16384, 4096, *args, "smem")
+    assert plan.fused == "smem" and plan.bwd == 5 and plan.splits == 3 * 132
+    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 128, 32768) and not attrs
+    regs = ln_kernels._Plan(16384, 4096, *args, "regs")
+    assert regs.bwd == 6 and regs.smem == 0 and occ[-1] == (6, 128, 0)
+    assert ln_kernels._Plan(100, 4096, *args, "smem").splits == 100
+    big = ln_kernels._Plan(16384, 16384, *args, "regs")
+    assert big.threads == 512 and big.fused == "smem" and big.smem == 131072 and attrs == [(5, 8, 131072)]
+    assert len(ln_kernels.kernel_names(torch.bfloat16, torch.bfloat16, torch.bfloat16, 512, True)) == 5
+    two = ln_kernels._Plan(16384, 4096, *args, False)
+    assert not two.fused and two.bwd is None and two.splits * -(-16384 // two.splits) >= 16384
