@@ -2,9 +2,9 @@
 values and dtype rules. The common case runs fused CUDA kernels (``cuflash.layer_norm``,
 ``kernels_cu/layer_norm.cu``): CUDA x [+ residual] in bf16 / fp16 / fp32 with a weight (bias
 optional), rows of at most 16384 features, no dropout, rowscale, layerscale, x1 or weight1, y in
-x's dtype; one read of x (and the residual) and one write of y (and residual_out) forward, dx
-(and dresidual) by one kernel and dweight / dbias by per-CTA partial sums and a second small
-kernel backward; under torch.compile the same kernels run as the torch ops
+x's dtype; one read of x (and the residual) and one write of y (and residual_out) forward; one
+read of dy and h and one write of dx (and dresidual) backward, with dweight / dbias summed per CTA
+on the way and the CTAs' sums added by a second small kernel; under torch.compile the same kernels run as the torch ops
 ``cuflash::layer_norm_fwd`` / ``layer_norm_bwd``. Every other call (CPU, float64, dropout, ...)
 and ``USE_KERNELS = False`` take the torch compositions below (autograd through torch's own
 operations; ``torch.compile`` traces them like any torch code).
