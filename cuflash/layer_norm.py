@@ -30,10 +30,11 @@ Tensor = torch.Tensor
 
 _KERNEL_TYPES = {torch.bfloat16: "cuflash::bf16", torch.float16: "cuflash::fp16", torch.float32: "float"}
 CHUNKS = 4                      # kChunks: 8-element chunks per thread (32 row elements in registers)
-THREADS = (32, 64, 128, 256, 512)
-MAX_N = THREADS[-1] * CHUNKS * 8   # 16384: longer rows take the composition
+MAX_THREADS = 512               # CTA sizes: multiples of 32 up to this
+MAX_N = MAX_THREADS * CHUNKS * 8   # 16384: longer rows take the composition
 _DW_THREADS = 128               # kLnDwThreads
 _FINISH_THREADS = 256           # kLnFinishThreads
+_FINISH_COLS = 32               # kLnFinishCols: columns per CTA of layer_norm_bwd_dw_finish
 # layer_norm_bwd_dw: row splits until about DW_CTAS_PER_SM CTAs per SM are launched
 DW_CTAS_PER_SM = 4
 # The backward: "smem" / "regs": layer_norm_bwd (dx and per-CTA dweight / dbias partials in one pass
@@ -51,11 +52,11 @@ def fused_smem(threads: int) -> int:
 
 
 def threads_for(n: int) -> int:
-    """The CTA size of a row of n: the fewest threads that hold it in registers."""
-    for t in THREADS:
-        if t * CHUNKS * 8 >= n:
-            return t
-    raise ValueError(f"rows of {n} features exceed the kernels' {MAX_N}")
+    """The CTA size of a row of n: the fewest whole warps that hold it in registers (12288: 384
+    threads, every one of them busy)."""
+    if n > MAX_N:
+        raise ValueError(f"rows of {n} features exceed the kernels' {MAX_N}")
+    return 32 * max(1, -(-n // (32 * CHUNKS * 8)))
 
 
 def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
@@ -299,7 +300,7 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
             mean.data_ptr(), rstd.data_ptr(), dy.data_ptr(), _p(dres_out), dx.data_ptr(),
             dres.data_ptr() if has_residual else 0, partials.data_ptr(), dw.data_ptr(),
             db.data_ptr() if has_bias else 0)
-    finish = (plan.finish, -(-n // _FINISH_THREADS), 1, _FINISH_THREADS, 0)
+    finish = (plan.finish, -(-n // _FINISH_COLS), 1, _FINISH_THREADS, 0)
     if plan.fused:
         steps = ((plan.bwd, plan.splits, 1, plan.threads, plan.smem), finish)
     else:

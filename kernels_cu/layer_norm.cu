@@ -40,7 +40,9 @@
 namespace cuflash {
 
 constexpr int kLnDwThreads = 128;     // layer_norm_bwd_dw: 8 columns per thread
-constexpr int kLnFinishThreads = 256;
+constexpr int kLnFinishCols = 32;       // layer_norm_bwd_dw_finish: a warp's lanes over 32 columns,
+constexpr int kLnFinishGroups = 8;      // its 8 warps over the splits
+constexpr int kLnFinishThreads = kLnFinishCols * kLnFinishGroups;
 
 // One element type's loads and stores of fp32 values: 8 at a time (16 or 32 bytes) or one.
 template <class T>
@@ -384,19 +386,34 @@ layer_norm_bwd_dw(const LayerNormParams p) {
     }
 }
 
-// dweight (and dbias) = the splits' partial sums, one thread per column.
+// dweight (and dbias) = the splits' partial sums for the CTA's kLnFinishCols columns: warp g adds
+// splits g, g + kLnFinishGroups, ... (its lanes consecutive columns), four in flight; then the
+// warps' sums add up through shared memory.
 template <class W>
 __global__ void __launch_bounds__(kLnFinishThreads)
 layer_norm_bwd_dw_finish(const LayerNormParams p) {
-    const int col = blockIdx.x * kLnFinishThreads + threadIdx.x;
-    if (col >= p.n) return;
+    __shared__ float sums[2][kLnFinishGroups][kLnFinishCols];
+    const int lane = threadIdx.x % kLnFinishCols, group = threadIdx.x / kLnFinishCols;
+    const int col = blockIdx.x * kLnFinishCols + lane;
     float dw = 0.f, db = 0.f;
-    for (int s = 0; s < p.splits; ++s) {
-        dw += p.partials[static_cast<i64>(s) * 2 * p.n + col];
-        db += p.partials[static_cast<i64>(s) * 2 * p.n + p.n + col];
+    if (col < p.n) {
+        const float* in = p.partials + col;
+        const i64 stride = 2 * static_cast<i64>(p.n);
+#pragma unroll 4
+        for (int s = group; s < p.splits; s += kLnFinishGroups) {
+            dw += in[s * stride];
+            db += in[s * stride + p.n];
+        }
     }
-    LnIO<W>::store1(p.dweight, col, dw);
-    if (p.dbias) LnIO<W>::store1(p.dbias, col, db);
+    sums[0][group][lane] = dw;
+    sums[1][group][lane] = db;
+    __syncthreads();   // every group's sums are in shared memory
+    if (group == 0 && col < p.n) {
+#pragma unroll
+        for (int g = 1; g < kLnFinishGroups; ++g) dw += sums[0][g][lane], db += sums[1][g][lane];
+        LnIO<W>::store1(p.dweight, col, dw);
+        if (p.dbias) LnIO<W>::store1(p.dbias, col, db);
+    }
 }
 
 }  // namespace cuflash

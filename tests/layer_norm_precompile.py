@@ -21,7 +21,7 @@ def modules() -> list:
 
     bf, fp, f32 = torch.bfloat16, torch.float16, torch.float32
     combos = [(bf, bf, bf), (bf, f32, bf), (bf, bf, f32), (fp, fp, fp), (fp, f32, fp), (fp, fp, f32), (f32, f32, f32)]
-    shapes = [(32, False), (32, True), (64, True), (128, True), (256, True), (512, True)]
+    shapes = [(32, False), (32, True), (64, True), (128, True), (160, True), (256, True), (384, True), (512, True)]
     return list(dict.fromkeys(kernel_names(*c, t, v) for c in combos for t, v in shapes))
 
 

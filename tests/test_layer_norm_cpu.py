@@ -152,7 +152,8 @@ def test_kernel_takes():
     w = torch.zeros(16, dtype=torch.bfloat16)
     assert not ln_kernels.kernel_takes(x, w, None, None, torch.bfloat16)   # CPU
     assert ln_kernels.threads_for(1) == 32 and ln_kernels.threads_for(1024) == 32
-    assert ln_kernels.threads_for(1025) == 64 and ln_kernels.threads_for(4104) == 256
+    assert ln_kernels.threads_for(1025) == 64 and ln_kernels.threads_for(4104) == 160
+    assert ln_kernels.threads_for(12288) == 384 and ln_kernels.threads_for(5120) == 160
     assert ln_kernels.threads_for(8192) == 256 and ln_kernels.threads_for(16384) == 512
     with pytest.raises(ValueError):
         ln_kernels.threads_for(16385)
@@ -251,10 +252,10 @@ def test_plan_launch_path_mocked(monkeypatch):
     dev = types.SimpleNamespace(index=0)
     plan = ln_kernels._Plan(1000, 4104, torch.bfloat16, torch.float32, torch.bfloat16, dev, True, False, 1e-5,
                             False, True)
-    assert plan.threads == 256 and plan.splits * -(-1000 // plan.splits) >= 1000
+    assert plan.threads == 160 and plan.splits * -(-1000 // plan.splits) >= 1000
     ptrs = tuple(range(16, 16 * 16, 16))
     plan.run(ptrs, ((plan.bwd_dx, 1000, 1, plan.threads, 0), (plan.bwd_dw, plan.dw_grid, plan.splits, 128, 0)), 7)
-    assert [c[:8] for c in calls] == [(2, 1000, 1, 1, 256, 1, 1, 0), (3, plan.dw_grid, plan.splits, 1, 128, 1, 1, 0)]
+    assert [c[:8] for c in calls] == [(2, 1000, 1, 1, 160, 1, 1, 0), (3, plan.dw_grid, plan.splits, 1, 128, 1, 1, 0)]
     rec = plan.rec.record
     assert tuple(int(rec[f][0]) for f in ln_kernels._POINTER_FIELDS) == ptrs
     assert int(rec["splits"][0]) == plan.splits and int(rec["h_from_res"][0]) == 1

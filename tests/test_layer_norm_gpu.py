@@ -95,8 +95,12 @@ def check_case(rms, dtype, n, rows, case):
     leaves = inputs(dt, w_dtype, n, rows, not rms, kw.get("residual", False), res_dtype)
     assert ln_kernels.kernel_takes(leaves[0], leaves[1], leaves[2], leaves[3],
                                    leaves[3].dtype if leaves[3] is not None else torch.float32 if res_fp32 else dt)
-    g = torch.randn(rows, n, device="cuda", dtype=torch.float64)
-    gres = torch.randn(rows, n, device="cuda", dtype=torch.float64)
+    # the output gradients in the outputs' dtypes (what autograd hands the kernels), as float64 so
+    # that the float64 reference sees the same values (with unrounded ones, a sum over rows such as
+    # dweight would count the gradient's rounding, which no implementation can avoid, as error)
+    res_out_dtype = leaves[3].dtype if leaves[3] is not None else torch.float32 if res_fp32 else dt
+    g = torch.randn(rows, n, device="cuda").to(dt).double()
+    gres = torch.randn(rows, n, device="cuda").to(res_out_dtype).double()
     eps = 1e-5
 
     def fused(x, w, b, r):
