@@ -231,6 +231,19 @@ def get_helper_kernels(source: str, names: tuple, device_id: int) -> dict:
     return kernels
 
 
+@dataclass(frozen=True)
+class HelperModule:
+    """One helper module to precompile (``precompile`` takes it beside family configs): the
+    source ``kernels_cu/<source>.cu`` and the name expressions ``get_helper_kernels`` loads it
+    with (the same tuple, so the disk-cache key is the call's)."""
+    source: str
+    names: tuple
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}: {self.names[0]}" + (f" +{len(self.names) - 1}" if len(self.names) > 1 else "")
+
+
 def get_helper_functions(source: str, names: tuple, device_id: int) -> tuple:
     """The CUfunction handles (ints, in ``names``' order) of ``get_helper_kernels``' kernels for a
     launcher that calls the driver itself (rotary.py, cross_entropy.py). A RawKernel loads its module
@@ -247,14 +260,18 @@ def _compile_one(job):
     config, device_id = job
     start = time.perf_counter()
     try:
-        get_kernels(config, device_id)
+        if isinstance(config, HelperModule):
+            get_helper_kernels(config.source, config.names, device_id)
+        else:
+            get_kernels(config, device_id)
         return config, time.perf_counter() - start, ""
     except Exception as exc:  # noqa: BLE001 - reported to the caller, per config
         return config, time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
 
 
 def precompile(configs, device_id: int = 0, processes: Optional[int] = None, progress=None) -> list:
-    """Compile `configs` in parallel worker processes, filling CuPy's on-disk cache, so that
+    """Compile `configs` (family configs, or ``HelperModule``s) in parallel worker processes,
+    filling CuPy's on-disk cache, so that
     this process (and later ones) load them without compiling. NVRTC compiles one module at
     a time per process; a cold tuning space or test grid takes minutes serially.
 

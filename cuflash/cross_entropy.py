@@ -56,6 +56,12 @@ def kernel_names(dtype, fwd: tuple = None, bwd: tuple = None) -> tuple:
             f"cuflash::cross_entropy_bwd<{elem}, {bt}, false, {bu}>")
 
 
+def warm_modules(dtypes) -> list:
+    """The modules the calls on logits of these torch dtypes load (``python -m cuflash warmup
+    --helpers``)."""
+    return [compile_mod.HelperModule("cross_entropy", kernel_names(dt)) for dt in dtypes if dt in _KERNEL_TYPES]
+
+
 def kernel_takes(logits: Tensor, labels: Tensor) -> bool:
     """Whether the CUDA kernels take this call (else the reference path runs)."""
     return (logits.is_cuda and logits.dtype in _KERNEL_TYPES and labels.dtype in _LABEL_TYPES

@@ -198,6 +198,19 @@ class _Kernel:
         self.argv_ptr = int(self.argv.ctypes.data)
 
 
+def kernel_names(x_dtype, cos_dtype, interleaved: bool) -> tuple:
+    """The name expressions of one module: one element per access, 16-byte groups."""
+    types = f"{_KERNEL_TYPES[x_dtype]}, {_KERNEL_TYPES[cos_dtype]}, {'true' if interleaved else 'false'}"
+    return (f"cuflash::rotary<{types}, false>", f"cuflash::rotary<{types}, true>")
+
+
+def warm_modules(dtypes) -> list:
+    """The modules the calls on x of these torch dtypes load with cos / sin of the same dtype,
+    interleaved or not (``python -m cuflash warmup --helpers``)."""
+    return [compile_mod.HelperModule("rotary", kernel_names(dt, dt, il))
+            for dt in dtypes if dt in _KERNEL_TYPES for il in (False, True)]
+
+
 def _row_split(per_row: int, rows: int) -> tuple:
     """(log2 of the lanes sharing a row, CTAs): the fewest lanes (a power of two <= 32) that cover a
     row's groups in one step, so a warp holds the most rows; about two rows per lane group."""
@@ -237,8 +250,7 @@ class _Plan:
                      and (not copy_tail or (headdim - rotary_dim) % self.tail == 0)
                      and all(st % self.tail == 0 for st in used))
         self.trig_mask = min(16, pairs * cos.element_size()) - 1   # cos / sin group alignment
-        types = f"{_KERNEL_TYPES[x.dtype]}, {_KERNEL_TYPES[cos.dtype]}, {'true' if interleaved else 'false'}"
-        exprs = (f"cuflash::rotary<{types}, false>", f"cuflash::rotary<{types}, true>")
+        exprs = kernel_names(x.dtype, cos.dtype, interleaved)
         self.launch = driver.launchKernel
         self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("rotary", exprs, self.device)

@@ -15,7 +15,10 @@ The options say what the model calls, and the warmup runs the calls' own selecti
 * ``--varlen``: the calls are also ``flash_attn_varlen_func``'s, the plain one and each
   ``--features`` item (``varlen`` may also be one of an item's features);
 * ``--decode "batch=1..64,ctx=8k..128k,page=0,16,256"``: ``flash_attn_with_kvcache`` calls
-  (``decode_calls`` states the syntax).
+  (``decode_calls`` states the syntax);
+* ``--helpers cross_entropy,rotary`` (``all``: every one in ``HELPERS``): the modules of kernels
+  outside the registry that load on their first use (``cuflash.ops.cross_entropy``,
+  ``apply_rotary_emb``), for the --dtype dtypes (and fp32: cross entropy's logits may be).
 
 A first call then loads its kernels (without: 1.4-1.7 s of NVRTC per feature call's first call,
 H100, bench --mode startup, session 25).
@@ -31,6 +34,34 @@ from dataclasses import dataclass
 from . import _gpu
 from .problem import SEQLEN_BUCKETS, Problem
 from .registry import OPS
+
+# --helpers: name -> the module whose warm_modules(torch dtypes) lists its HelperModules
+HELPERS = {"cross_entropy": "cuflash.cross_entropy", "rotary": "cuflash.rotary"}
+
+
+def parse_helpers(text: str) -> list[str]:
+    """--helpers' names (``all``: every one), checked."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if names == ["all"]:
+        return list(HELPERS)
+    for n in names:
+        if n not in HELPERS:
+            raise ValueError(f"helpers: unknown helper {n!r}; helpers: {', '.join(HELPERS)} or all")
+    return list(dict.fromkeys(names))
+
+
+def helper_modules(names, dtypes) -> list:
+    """The HelperModules of these helpers for these dtype names (bf16, fp16; fp32 added)."""
+    import importlib
+
+    import torch
+
+    by_name = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    torch_dtypes = [by_name[d] for d in dict.fromkeys(list(dtypes) + ["fp32"]) if d in by_name]
+    out = []
+    for n in names:
+        out += importlib.import_module(HELPERS[n]).warm_modules(torch_dtypes)
+    return list(dict.fromkeys(out))
 
 
 def _ints(text: str) -> list[int]:
@@ -339,6 +370,9 @@ def main(argv=None) -> int:
     parser.add_argument("--decode", default="",
                         help="also flash_attn_with_kvcache's calls, e.g. 'batch=1..64,ctx=8k..128k,page=0,16,256,"
                              "heads=32:8,with=append+rotary' (keys batch, ctx, page, heads, q, with; README)")
+    parser.add_argument("--helpers", default="",
+                        help=f"also the modules of kernels outside the registry: a comma list of "
+                             f"{','.join(HELPERS)}, or all")
     parser.add_argument("--list", action="store_true", help="print the kernels it would compile, compile none")
     parser.add_argument("--processes", type=int, default=None)
     parser.add_argument("--device", type=int, default=0)
@@ -349,6 +383,10 @@ def main(argv=None) -> int:
         parser.error(f"--{exc}")
     try:
         decode = decode_calls(args.decode) if args.decode.strip() else None
+    except ValueError as exc:
+        parser.error(f"--{exc}")
+    try:
+        helpers = parse_helpers(args.helpers)
     except ValueError as exc:
         parser.error(f"--{exc}")
     ops = [o for o in args.op.split(",") if o]
@@ -363,7 +401,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     configs = configs_to_warm(ops, args.dtype.split(","), dims, causals, args.device, features,
                               args.deterministic, args.varlen, decode)
-    configs = list(modules(configs).values())
+    configs = list(modules(configs).values()) + helper_modules(helpers, args.dtype.split(","))
     chosen_s = time.perf_counter() - start
     if args.list:
         for cfg in configs:
@@ -390,6 +428,8 @@ def main(argv=None) -> int:
         what.append("varlen")
     if decode is not None:
         what.append("decode")
+    if helpers:
+        what.append(f"helpers {','.join(helpers)}")
     print(f"warming {len(configs)} kernels on {_gpu.name(args.device)} ({', '.join(what)}; "
           f"selection {chosen_s:.1f} s)")
     precompile(configs, args.device, args.processes, progress=progress)

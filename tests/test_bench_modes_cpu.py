@@ -143,8 +143,8 @@ def test_startup_plan():
                     ("softcap", "cuflash", "warm"), ("softcap", "cuflash", "cold"),
                     ("varlen", "cuflash", "warm"), ("varlen", "cuflash", "cold"),
                     ("varlen", "sdpa_flash+nested", "n/a")]
-    assert len(startup.plan_of(startup.DEFAULT_CALLS)) == 28
-    assert len(startup.plan_of(startup.CALLS)) == 28 + 3 * 2   # mix, deterministic, varlen_mix: no peers
+    assert len(startup.plan_of(startup.DEFAULT_CALLS)) == 35   # kvcache_b1: 4, cross_entropy: 3
+    assert len(startup.plan_of(startup.CALLS)) == 35 + 3 * 2   # mix, deterministic, varlen_mix: no peers
     with pytest.raises(ValueError, match="calls: unknown call 'decode'"):
         startup.plan_of(["decode"])
 
@@ -181,11 +181,16 @@ def test_startup_comparisons_and_table():
     assert lines[3] == "| window | 1.800 | 4.000 | 0.100 | efficient+mask 0.200 | +1.100 |"
     assert lines[4] == ("| softcap | 0.400 | - | 0.100 | none (causal: flash 0.004, cudnn 0.066) "
                         "| -0.104 |")
+    ce = [_rec("cross_entropy", "cuflash", "warm", 0.2, 0.1), _rec("cross_entropy", "torch", "n/a", 0.05)]
+    assert startup.comparisons(ce)["cross_entropy"]["torch"]["cuflash_minus_that_s"] == pytest.approx(-0.35)
+    assert startup.table(ce).splitlines()[2] == "| cross_entropy | 0.200 | - | 0.100 | torch 0.050 | -0.350 |"
     (text, _) = startup.comparison_lines(cmps["softcap"], "softcap")
     assert text.startswith("cuflash warm first call (softcap), SDPA's causal call 0.400 s vs sdpa_flash")
 
 
-@pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"),
+@pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"), ("sdpa_cudnn", "kvcache_b1"),
+                                       ("cuflash", "kvcache_b1"), ("cuflash", "cross_entropy"),
+                                       ("torch", "cross_entropy"),
                                        ("cuflash", "causal_fwdbwd"), ("sdpa_cudnn+mask", "alibi"),
                                        ("cuflash", "mix"), ("cuflash", "deterministic"), ("cuflash", "varlen_mix")])
 def test_startup_child_calls_dry_run(tmp_path, impl, call):

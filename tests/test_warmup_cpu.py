@@ -198,8 +198,49 @@ def test_decode_syntax():
             warmup.decode_calls(bad)
 
 
+def test_helper_modules_are_the_calls(monkeypatch):
+    """--helpers: the modules warmed are those the cross-entropy and rotary plans load (the same
+    source and name expressions: CuPy's disk-cache key), for bf16 / fp16 and fp32."""
+    from cuflash import compile as compile_mod
+    from cuflash import cross_entropy, rotary
+
+    assert warmup.parse_helpers("all") == list(warmup.HELPERS)
+    assert warmup.parse_helpers("rotary, cross_entropy,rotary") == ["rotary", "cross_entropy"]
+    with pytest.raises(ValueError, match="unknown helper 'layernorm'"):
+        warmup.parse_helpers("layernorm")
+    mods = warmup.helper_modules(["cross_entropy", "rotary"], ["bf16", "fp16"])
+    assert all(isinstance(m, compile_mod.HelperModule) for m in mods)
+    assert len(mods) == 3 + 3 * 2 and len(set(mods)) == len(mods)
+    assert compile_mod.HelperModule("cross_entropy", cross_entropy.kernel_names(torch.bfloat16)) in mods
+    assert compile_mod.HelperModule("rotary", rotary.kernel_names(torch.float16, torch.float16, True)) in mods
+    assert "cross_entropy: cuflash::cross_entropy_fwd<cuflash::bf16" in mods[0].name
+    # what the plans ask get_helper_functions for
+    asked = []
+
+    def fake(source, names, device):
+        asked.append(compile_mod.HelperModule(source, tuple(names)))
+        raise _Compiled
+
+    monkeypatch.setattr(compile_mod, "get_helper_functions", fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"multi_processor_count": 132}))
+    logits = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(_Compiled):
+        cross_entropy._Plan(logits, torch.zeros(4, dtype=torch.int64), 0.0, 1.0, 0.0, -100, 0, 64)
+    x = torch.zeros(1, 8, 2, 16, dtype=torch.float16)
+    cos = torch.zeros(8, 8, dtype=torch.float16)
+    with pytest.raises(_Compiled):
+        rotary._Plan(x, cos, (1, 8, 16), False, 0, True, False, False)
+    assert asked and all(m in mods for m in asked)
+    # precompile's worker takes a HelperModule through get_helper_kernels
+    loaded = []
+    monkeypatch.setattr(compile_mod, "get_helper_kernels", lambda src, names, dev: loaded.append((src, names)))
+    cfg, seconds, error = compile_mod._compile_one((mods[0], 0))
+    assert cfg is mods[0] and error == "" and loaded == [(mods[0].source, mods[0].names)]
+
+
 def test_cli_errors_before_the_gpu(capsys):
-    for argv, match in ((["--features", "window+rope"], "--features: unknown feature 'rope'"),
+    for argv, match in ((["--helpers", "cross_entropy,ln"], "--helpers: unknown helper 'ln'"),
+                        (["--features", "window+rope"], "--features: unknown feature 'rope'"),
                         (["--decode", "ctx=8k,size=1"], "--decode: unknown key 'size'")):
         with pytest.raises(SystemExit) as e:
             warmup.main(argv)

@@ -22,6 +22,11 @@ The calls (``call`` in each record; ``CALLS`` names SDPA's peers):
   times seqlen in turn, the same tokens); SDPA flash on jagged nested tensors (made in the call);
 * kvcache: ``flash_attn_with_kvcache`` (decode: 1 query token over a cache of seqlen, a
   per-batch int32 ``cache_seqlens`` tensor); SDPA flash and cuDNN, 1 query over the whole cache;
+* kvcache_b1: the same at batch 1 over 4·seqlen keys (8192 at the default shape: the batch-1 rule
+  of ≤ 8192 keys, which also loads the separate split combine);
+* cross_entropy: ``cuflash.ops.cross_entropy.cross_entropy_loss`` forward and backward (the sum
+  of the losses) on bf16 logits (batch·seqlen rows, ``CE_VOCAB`` classes, int64 labels); its peer
+  ``torch``: ``F.cross_entropy(reduction="sum")`` and its backward;
 * causal_fwdbwd: the causal call's forward and ``out.backward(dout)``; SDPA flash and cuDNN;
 * mix: causal with ``window_size=(1024, 0)`` and ``softcap=30`` (a feature mix); compared with
   SDPA's window call;
@@ -64,8 +69,9 @@ MARK = "CUFLASH_STARTUP "
 WINDOW = 1024                   # the window call's window_size[0] (and the SDPA band's width)
 SOFTCAP = 30.0
 DROPOUT = 0.1
+CE_VOCAB = 32000                # the cross_entropy call's classes
 
-# call -> SDPA's peers: "sdpa_<backend>" pinned; "+mask": the window / ALiBi as a float mask
+# call -> its peers: "sdpa_<backend>" pinned (torch: the torch op, cross entropy's); "+mask": the window / ALiBi as a float mask
 # (made before the timing), "+nested": varlen as jagged nested tensors (made in the call)
 CALLS = {
     "causal": ("sdpa_flash", "sdpa_cudnn"),
@@ -75,6 +81,8 @@ CALLS = {
     "dropout": ("sdpa_flash",),
     "varlen": ("sdpa_flash+nested",),
     "kvcache": ("sdpa_flash", "sdpa_cudnn"),
+    "kvcache_b1": ("sdpa_flash", "sdpa_cudnn"),
+    "cross_entropy": ("torch",),
     "causal_fwdbwd": ("sdpa_flash", "sdpa_cudnn"),
     "mix": (),
     "deterministic": (),
@@ -82,34 +90,40 @@ CALLS = {
 }
 # bench --mode startup's calls unless --startup-calls names others (the feature mix, deterministic
 # and varlen-mix calls are the warmup's measurements)
-DEFAULT_CALLS = ("causal", "window", "softcap", "alibi", "dropout", "varlen", "kvcache", "causal_fwdbwd")
+DEFAULT_CALLS = ("causal", "window", "softcap", "alibi", "dropout", "varlen", "kvcache", "kvcache_b1",
+                 "causal_fwdbwd", "cross_entropy")
 # a call without a peer of its own is compared with this call's peers
 NEAREST = {"softcap": "causal", "mix": "window", "deterministic": "causal_fwdbwd", "varlen_mix": "varlen"}
 
 CHILD = r'''
 import json, math, os, sys, time
 impl, call, b, s, h, d = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
-WINDOW, SOFTCAP, DROPOUT = ''' + f"{WINDOW}, {SOFTCAP!r}, {DROPOUT!r}" + r'''
+WINDOW, SOFTCAP, DROPOUT, CE_VOCAB = ''' + f"{WINDOW}, {SOFTCAP!r}, {DROPOUT!r}, {CE_VOCAB}" + r'''
 import torch
 cpu = os.environ.get("CUFLASH_STARTUP_CPU") == "1"   # the CPU tests' dry run: torch CPU, SDPA math
 if not cpu:
     torch.cuda.init()
 sync = (lambda: None) if cpu else torch.cuda.synchronize
 dev, dt = "cpu" if cpu else "cuda", torch.bfloat16
-grad = call in ("causal_fwdbwd", "deterministic")
+grad = call in ("causal_fwdbwd", "deterministic", "cross_entropy")
+if call == "kvcache_b1":   # one sequence over 4·s keys
+    b, s = 1, 4 * s
 if call in ("varlen", "varlen_mix"):   # batch sequences of 1.5 and 0.5 times s in turn
     lens = [s + s // 2 if i % 2 == 0 else s - s // 2 for i in range(b)]
     shape = (sum(lens), h, d)
     cu = torch.tensor([sum(lens[:i]) for i in range(b + 1)], dtype=torch.int32, device=dev)
-elif call == "kvcache":
+elif call in ("kvcache", "kvcache_b1"):
     shape = (b, 1, h, d)
     kc, vc = (torch.randn(b, s, h, d, device=dev, dtype=dt) for _ in range(2))
     lens_k = torch.tensor([s - s * i // (2 * b) for i in range(b)], dtype=torch.int32, device=dev)
 else:
     shape = (b, s, h, d)
 q, k, v = (torch.randn(shape, device=dev, dtype=dt, requires_grad=grad) for _ in range(3))
-if call == "kvcache" and impl != "cuflash":
+if call in ("kvcache", "kvcache_b1") and impl != "cuflash":
     k, v = kc, vc
+if call == "cross_entropy":
+    logits = torch.randn(b * s, CE_VOCAB, device=dev, dtype=dt, requires_grad=True)
+    labels = torch.randint(0, CE_VOCAB, (b * s,), device=dev)
 dout = torch.randn(shape, device=dev, dtype=dt)
 slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], dtype=torch.float32,
                       device=dev)
@@ -135,11 +149,19 @@ if impl == "cuflash":
     if call in ("varlen", "varlen_mix"):
         m = max(lens)
         f = lambda: cuflash.flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)
-    elif call == "kvcache":
+    elif call in ("kvcache", "kvcache_b1"):
         f = lambda: cuflash.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens_k)
+    elif call == "cross_entropy":
+        from cuflash.ops.cross_entropy import cross_entropy_loss
+        f = lambda: cross_entropy_loss(logits, labels)[0].sum()
+        dout = None
     else:
         f = lambda: cuflash.flash_attn_func(q, k, v, **kw)
     context = None
+elif impl == "torch":   # cross entropy's peer
+    import torch.nn.functional as F
+    f = lambda: F.cross_entropy(logits, labels, reduction="sum")
+    dout, context = None, None
 else:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -158,7 +180,7 @@ else:
         else:
             bias = -slopes[:, None, None] * (i - j).abs().float()
         kw["attn_mask"] = bias.masked_fill(j > i, -math.inf).to(dt)[None].expand(b, h, s, s)
-    elif call != "kvcache":
+    elif call not in ("kvcache", "kvcache_b1"):
         kw["is_causal"] = True
     if how == "nested":
         offsets = cu.long()
@@ -244,23 +266,23 @@ def summarize(impl: str, cache: str, runs: list, call: str = "causal") -> dict:
 
 
 def comparison(records: list, budget_s: float = BUDGET_S, call: str = "causal") -> dict:
-    """cuflash's warm first call of ``call`` against each SDPA impl's first call of it +
-    budget_s (records without a call field are the causal call's); a call that SDPA has no
-    peer of (NEAREST) against the peers of its nearest call, named in "sdpa_call"."""
+    """cuflash's warm first call of ``call`` against each peer's (SDPA's impls, torch's) first
+    call of it + budget_s (records without a call field are the causal call's); a call that has
+    no peer (NEAREST) against the peers of its nearest call, named in "sdpa_call"."""
     def of(c):
         return {(r["impl"], r["cache"]): r for r in records if r.get("call", "causal") == c}
 
     by = of(call)
     mine = by.get(("cuflash", "warm"), {}).get("first_call_s")
     out = {"cuflash_warm_first_call_s": mine, "budget_s": budget_s}
-    peers = {k: r for k, r in by.items() if k[0].startswith("sdpa")}
+    peers = {k: r for k, r in by.items() if k[0] != "cuflash"}
     if not peers and call in NEAREST:
-        peers = {k: r for k, r in of(NEAREST[call]).items() if k[0].startswith("sdpa")}
+        peers = {k: r for k, r in of(NEAREST[call]).items() if k[0] != "cuflash"}
         if peers:
             out["sdpa_call"] = NEAREST[call]
     for (impl, _), r in peers.items():
         theirs = r.get("first_call_s")
-        if impl.startswith("sdpa") and theirs is not None:
+        if theirs is not None:
             out[impl] = {"first_call_s": theirs, "plus_budget_s": theirs + budget_s,
                          "cuflash_minus_that_s": None if mine is None else mine - theirs - budget_s}
     return out
@@ -394,7 +416,7 @@ def run(repeats: int = 3, shape=SHAPE, out="results", log=print, calls=tuple(CAL
     write_json(path, records, shape=dict(zip(("batch", "seqlen", "nheads", "hdim"), shape)),
                causal=True, dtype="bf16", repeats=repeats, jobs=jobs,
                calls={c: list(CALLS[c]) for c in calls}, window=WINDOW, softcap=SOFTCAP,
-               dropout_p=DROPOUT, comparison=cmps.get("causal", comparison(records)),
+               dropout_p=DROPOUT, ce_vocab=CE_VOCAB, comparison=cmps.get("causal", comparison(records)),
                comparisons=cmps, warm_by="throwaway children" if warmed is None else "python -m cuflash warmup",
                warmup=warmed)
     for r in records:
