@@ -33,7 +33,7 @@ CHUNKS = 4                      # kChunks: 8-element chunks per thread (32 row e
 MAX_THREADS = 512               # CTA sizes: multiples of 32 up to this
 MAX_N = MAX_THREADS * CHUNKS * 8   # 16384: longer rows take the composition
 _DW_THREADS = 128               # kLnDwThreads
-_FINISH_THREADS = 256           # kLnFinishThreads
+_FINISH_THREADS = 512           # kLnFinishThreads
 _FINISH_COLS = 32               # kLnFinishCols: columns per CTA of layer_norm_bwd_dw_finish
 # layer_norm_bwd_dw: row splits until about DW_CTAS_PER_SM CTAs per SM are launched
 DW_CTAS_PER_SM = 4
@@ -71,6 +71,26 @@ def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple
             f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
             f"cuflash::layer_norm_bwd_dw_finish<{w}>") + fused
+
+
+# python -m cuflash warmup --helpers layer_norm: the widths (features per row) it compiles for, as
+# models have them (768 ... 16384: CTAs of 32, 64, 96, 128, 160, 256, 384, 512 threads)
+WARM_WIDTHS = (768, 1024, 2048, 2560, 3072, 4096, 5120, 8192, 12288, 16384)
+
+
+def warm_modules(dtypes, widths=WARM_WIDTHS) -> list:
+    """The modules that calls on x of these torch dtypes load at these widths (16-byte accesses: n %
+    8 == 0), with the weight and residual in x's dtype, the weight in fp32 (autocast's parameters)
+    and the residual stream in fp32 (residual_in_fp32) (``python -m cuflash warmup --helpers``)."""
+    out = []
+    for dt in dtypes:
+        if dt not in _KERNEL_TYPES:
+            continue
+        f32 = torch.float32
+        combos = dict.fromkeys(((dt, dt, dt), (dt, dt, f32), (dt, f32, dt)))
+        for t in dict.fromkeys(threads_for(n) for n in widths):
+            out += [compile_mod.HelperModule("layer_norm", kernel_names(*c, t, True)) for c in combos]
+    return list(dict.fromkeys(out))
 
 
 def kernel_takes(x: Tensor, weight, bias, residual, res_dtype) -> bool:

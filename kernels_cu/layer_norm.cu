@@ -41,7 +41,7 @@ namespace cuflash {
 
 constexpr int kLnDwThreads = 128;     // layer_norm_bwd_dw: 8 columns per thread
 constexpr int kLnFinishCols = 32;       // layer_norm_bwd_dw_finish: a warp's lanes over 32 columns,
-constexpr int kLnFinishGroups = 8;      // its 8 warps over the splits
+constexpr int kLnFinishGroups = 16;     // its 16 warps over the splits
 constexpr int kLnFinishThreads = kLnFinishCols * kLnFinishGroups;
 
 // One element type's loads and stores of fp32 values: 8 at a time (16 or 32 bytes) or one.
@@ -253,7 +253,8 @@ layer_norm_bwd_dx(const LayerNormParams p) {
 
 // layer_norm_bwd's per-thread column sums Σ dy · x̂ and Σ dy (its kChunks · 8 columns): in
 // registers, or (kSmem) in dynamic shared memory, 2 · kChunks · 8 · kThreads floats, each thread
-// its own words (consecutive threads, consecutive words: no bank conflicts, no barriers).
+// its own words (consecutive threads, consecutive words: no bank conflicts, no barriers); Σ dy
+// only with a bias (dbias).
 template <int kThreads, int kChunks, bool kSmem>
 struct LnColSums {
     float dw[kChunks][8], db[kChunks][8];
@@ -263,7 +264,7 @@ struct LnColSums {
 #pragma unroll
             for (int i = 0; i < 8; ++i) dw[c][i] = 0.f, db[c][i] = 0.f;
     }
-    __device__ __forceinline__ void add(int c, int i, float dy, float xh) {
+    __device__ __forceinline__ void add(int c, int i, float dy, float xh, bool) {
         dw[c][i] = fmaf(dy, xh, dw[c][i]);
         db[c][i] += dy;
     }
@@ -278,10 +279,10 @@ struct LnColSums<kThreads, kChunks, true> {
 #pragma unroll
         for (int k = 0; k < kChunks * 8; ++k) s[k * kThreads] = 0.f, s[kB + k * kThreads] = 0.f;
     }
-    __device__ __forceinline__ void add(int c, int i, float dy, float xh) {
+    __device__ __forceinline__ void add(int c, int i, float dy, float xh, bool bias) {
         float& w = s[(c * 8 + i) * kThreads];
         w = fmaf(dy, xh, w);
-        s[kB + (c * 8 + i) * kThreads] += dy;
+        if (bias) s[kB + (c * 8 + i) * kThreads] += dy;
     }
     __device__ __forceinline__ float w(int c, int i) const { return s[(c * 8 + i) * kThreads]; }
     __device__ __forceinline__ float b(int c, int i) const { return s[kB + (c * 8 + i) * kThreads]; }
@@ -318,7 +319,7 @@ layer_norm_bwd(const LayerNormParams p) {
                 const float g = dy[c][i] * (w[i] + p.w_offset);
                 sg += g;
                 sgx = fmaf(g, xh[c][i], sgx);
-                sums.add(c, i, dy[c][i], xh[c][i]);
+                sums.add(c, i, dy[c][i], xh[c][i], p.dbias != nullptr);
             }
         }
         const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
@@ -346,7 +347,7 @@ layer_norm_bwd(const LayerNormParams p) {
         for (int i = 0; i < 8; ++i) {
             if (col + i < p.n) {
                 out[col + i] = sums.w(c, i);
-                out[p.n + col + i] = sums.b(c, i);
+                if (p.dbias) out[p.n + col + i] = sums.b(c, i);
             }
         }
     }
@@ -402,7 +403,7 @@ layer_norm_bwd_dw_finish(const LayerNormParams p) {
 #pragma unroll 4
         for (int s = group; s < p.splits; s += kLnFinishGroups) {
             dw += in[s * stride];
-            db += in[s * stride + p.n];
+            if (p.dbias) db += in[s * stride + p.n];
         }
     }
     sums[0][group][lane] = dw;

@@ -292,3 +292,47 @@ def test_fused_plan_mocked(monkeypatch):
     assert len(ln_kernels.kernel_names(torch.bfloat16, torch.bfloat16, torch.bfloat16, 512, True)) == 5
     two = ln_kernels._Plan(16384, 4096, *args, False)
     assert not two.fused and two.bwd is None and two.splits * -(-16384 // two.splits) >= 16384
+
+
+def test_warm_modules_are_the_calls(monkeypatch):
+    """python -m cuflash warmup --helpers layer_norm: the modules warmed are those the plans of
+    calls at WARM_WIDTHS load (the same source and name expressions: CuPy's disk-cache key)."""
+    import types
+
+    from cuflash import compile as compile_mod
+    from cuflash import launch as launch_mod
+    from cuflash import warmup
+
+    assert "layer_norm" in warmup.parse_helpers("all")
+    mods = warmup.helper_modules(["layer_norm"], ["bf16"])
+    assert all(isinstance(m, compile_mod.HelperModule) and m.source == "layer_norm" for m in mods)
+    threads = sorted({ln_kernels.threads_for(n) for n in ln_kernels.WARM_WIDTHS})
+    assert threads == [32, 64, 96, 128, 160, 256, 384, 512]
+    assert len(mods) == len(threads) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
+    asked = []
+    monkeypatch.setattr(compile_mod, "get_helper_functions",
+                        lambda src, names, dev: asked.append(compile_mod.HelperModule(src, tuple(names)))
+                        or tuple(range(1, len(names) + 1)))
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    from cupy_backends.cuda.api import driver
+
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, threads, smem: 2)
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: None)
+    dev = types.SimpleNamespace(index=0)
+    bf, f32 = torch.bfloat16, torch.float32
+    for n in ln_kernels.WARM_WIDTHS:
+        for combo in ((bf, bf, bf), (bf, bf, f32), (bf, f32, bf), (f32, f32, f32)):
+            ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, ln_kernels.FUSED_DW)
+    assert asked and set(asked) == set(mods)
+
+
+def test_host_constants_match_the_kernel():
+    """The grid sizes the host computes use layer_norm.cu's CTA shapes."""
+    import re
+    from pathlib import Path
+
+    src = (Path(kernel_dir()) / "layer_norm.cu").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (kLn\w+) = (\d+);", src)}
+    assert const["kLnDwThreads"] == ln_kernels._DW_THREADS and const["kLnFinishCols"] == ln_kernels._FINISH_COLS
+    assert const["kLnFinishCols"] * const["kLnFinishGroups"] == ln_kernels._FINISH_THREADS
