@@ -37,17 +37,15 @@ _FINISH_THREADS = 512           # kLnFinishThreads
 _FINISH_COLS = 32               # kLnFinishCols: columns per CTA of layer_norm_bwd_dw_finish
 # layer_norm_bwd_dw: row splits until about DW_CTAS_PER_SM CTAs per SM are launched
 DW_CTAS_PER_SM = 4
-# The backward: "smem" / "regs": layer_norm_bwd (dx and per-CTA dweight / dbias partials in one pass
-# over dy and h, as many CTAs as fit on the GPU at once), its column sums in shared memory / in
-# registers (up to REGS_MAX_THREADS threads, else "smem"); False: layer_norm_bwd_dx, then
-# layer_norm_bwd_dw reading dy and h again
-FUSED_DW = "smem"
-REGS_MAX_THREADS = 256   # the register sums' four 32-float arrays per thread spill at 512 threads (128 registers)
+# The backward: True: layer_norm_bwd (dx and per-CTA dweight / dbias column sums in one pass over dy
+# and h, as many CTAs as fit on the GPU at once); False: layer_norm_bwd_dx, then layer_norm_bwd_dw
+# reading dy and h again
+FUSED_DW = True
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
 def fused_smem(threads: int) -> int:
-    """layer_norm_bwd<..., kSmem = true>'s dynamic shared memory: Σ dy · x̂ and Σ dy, fp32, per column."""
+    """layer_norm_bwd's dynamic shared memory: Σ dy · x̂ and Σ dy, fp32, per column of the row."""
     return 2 * CHUNKS * 8 * threads * 4
 
 
@@ -61,16 +59,14 @@ def threads_for(n: int) -> int:
 
 def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
     """The name expressions of one module: forward, backward dx, backward dw partials, dw finish,
-    the fused backward (dx and the dw partials) with its sums in shared memory and, up to
-    REGS_MAX_THREADS threads, in registers."""
+    the fused backward (dx and the dw partials)."""
     e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
     v = "true" if vector else "false"
-    fused = tuple(f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}, {smem}>"
-                  for smem in ("true", "false")[:2 if threads <= REGS_MAX_THREADS else 1])
     return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
-            f"cuflash::layer_norm_bwd_dw_finish<{w}>") + fused
+            f"cuflash::layer_norm_bwd_dw_finish<{w}>",
+            f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>")
 
 
 # python -m cuflash warmup --helpers layer_norm: the widths (features per row) it compiles for, as
@@ -195,13 +191,9 @@ class _Plan:
         self.launch = driver.launchKernel
         self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
-        self.fwd, self.bwd_dx, self.bwd_dw, self.finish = fns[:4]
-        fused = "smem" if fused is True else fused
-        if fused == "regs" and len(fns) < 6:
-            fused = "smem"
-        self.fused = fused
-        self.bwd = fns[4 if fused == "smem" else 5] if fused else None
-        self.smem = fused_smem(self.threads) if fused == "smem" else 0
+        self.fwd, self.bwd_dx, self.bwd_dw, self.finish, self.bwd = fns
+        self.fused = fused = bool(fused)
+        self.smem = fused_smem(self.threads) if fused else 0
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         if fused:   # one CTA per resident slot (occupancy of layer_norm_bwd), each a partials row
             current = self.get_device()

@@ -44,11 +44,15 @@ constexpr int kLnFinishCols = 32;       // layer_norm_bwd_dw_finish: a warp's la
 constexpr int kLnFinishGroups = 16;     // its 16 warps over the splits
 constexpr int kLnFinishThreads = kLnFinishCols * kLnFinishGroups;
 
-// One element type's loads and stores of fp32 values: 8 at a time (16 or 32 bytes) or one.
+// One element type's loads and stores of fp32 values: 8 at a time (16 or 32 bytes) or one. The
+// 8-wide loads are of the kernels' inputs, never written while a kernel runs: __ldg (ld.global.nc),
+// which also lets the compiler issue a row's later loads before its earlier stores (plain loads may
+// alias those stores, and then wait for them one chunk at a time). The one-element loads stay plain
+// (hoisting all of them spills).
 template <class T>
 struct LnIO {
     static __device__ __forceinline__ void load8(const void* base, i64 i, float (&v)[8]) {
-        const u32x4 w = *reinterpret_cast<const u32x4*>(static_cast<const u16*>(base) + i);
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(static_cast<const u16*>(base) + i));
         unpack2(w.x, v[0], v[1]), unpack2(w.y, v[2], v[3]), unpack2(w.z, v[4], v[5]), unpack2(w.w, v[6], v[7]);
     }
     static __device__ __forceinline__ void unpack2(u32 word, float& lo, float& hi) {
@@ -69,8 +73,8 @@ struct LnIO {
 template <>
 struct LnIO<float> {
     static __device__ __forceinline__ void load8(const void* base, i64 i, float (&v)[8]) {
-        const u32x4* p = reinterpret_cast<const u32x4*>(static_cast<const float*>(base) + i);
-        const u32x4 a = p[0], b = p[1];
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const float*>(base) + i);
+        const uint4 a = __ldg(p), b = __ldg(p + 1);
         v[0] = __uint_as_float(a.x), v[1] = __uint_as_float(a.y), v[2] = __uint_as_float(a.z), v[3] = __uint_as_float(a.w);
         v[4] = __uint_as_float(b.x), v[5] = __uint_as_float(b.y), v[6] = __uint_as_float(b.z), v[7] = __uint_as_float(b.w);
     }
@@ -153,17 +157,22 @@ layer_norm_fwd(const LayerNormParams p) {
     const int row = blockIdx.x;
     const i64 row0 = static_cast<i64>(row) * p.n;
     float h[kChunks][8];
+    // every load of the row before its first store (a store between them would hold the later ones back)
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        const int col = (c * kThreads + threadIdx.x) * 8;
-        ln_load<Elem, kVector>(p.x, row0, col, p.n, h[c]);
-        if (p.residual) {
+    for (int c = 0; c < kChunks; ++c) ln_load<Elem, kVector>(p.x, row0, (c * kThreads + threadIdx.x) * 8, p.n, h[c]);
+    if (p.residual) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
             float r[8];
-            ln_load<Res, kVector>(p.residual, row0, col, p.n, r);
+            ln_load<Res, kVector>(p.residual, row0, (c * kThreads + threadIdx.x) * 8, p.n, r);
 #pragma unroll
             for (int i = 0; i < 8; ++i) h[c][i] += r[i];
         }
-        if (p.residual_out) ln_store<Res, kVector>(p.residual_out, row0, col, p.n, h[c]);
+    }
+    if (p.residual_out) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+            ln_store<Res, kVector>(p.residual_out, row0, (c * kThreads + threadIdx.x) * 8, p.n, h[c]);
     }
     const float inv_n = 1.f / static_cast<float>(p.n);
     float mean = 0.f;
@@ -251,31 +260,15 @@ layer_norm_bwd_dx(const LayerNormParams p) {
     }
 }
 
-// layer_norm_bwd's per-thread column sums Σ dy · x̂ and Σ dy (its kChunks · 8 columns): in
-// registers, or (kSmem) in dynamic shared memory, 2 · kChunks · 8 · kThreads floats, each thread
-// its own words (consecutive threads, consecutive words: no bank conflicts, no barriers); Σ dy
-// only with a bias (dbias).
-template <int kThreads, int kChunks, bool kSmem>
-struct LnColSums {
-    float dw[kChunks][8], db[kChunks][8];
-    __device__ __forceinline__ LnColSums(float*) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-            for (int i = 0; i < 8; ++i) dw[c][i] = 0.f, db[c][i] = 0.f;
-    }
-    __device__ __forceinline__ void add(int c, int i, float dy, float xh, bool) {
-        dw[c][i] = fmaf(dy, xh, dw[c][i]);
-        db[c][i] += dy;
-    }
-    __device__ __forceinline__ float w(int c, int i) const { return dw[c][i]; }
-    __device__ __forceinline__ float b(int c, int i) const { return db[c][i]; }
-};
+// layer_norm_bwd's per-thread column sums Σ dy · x̂ and Σ dy (its kChunks · 8 columns) in dynamic
+// shared memory, 2 · kChunks · 8 · kThreads floats (registers would double the kernel's), each
+// thread its own words (consecutive threads, consecutive words: no bank conflicts, no barriers);
+// Σ dy only with a bias (dbias).
 template <int kThreads, int kChunks>
-struct LnColSums<kThreads, kChunks, true> {
+struct LnColSums {
     float* s;
     static constexpr int kB = kChunks * 8 * kThreads;   // the Σ dy block after the Σ dy · x̂ one
-    __device__ __forceinline__ LnColSums(float* smem) : s(smem + threadIdx.x) {
+    __device__ __forceinline__ explicit LnColSums(float* smem) : s(smem + threadIdx.x) {
 #pragma unroll
         for (int k = 0; k < kChunks * 8; ++k) s[k * kThreads] = 0.f, s[kB + k * kThreads] = 0.f;
     }
@@ -291,35 +284,34 @@ struct LnColSums<kThreads, kChunks, true> {
 // dx (and dresidual) and the dweight / dbias partials in one pass: CTA b takes rows b, b + gridDim.x,
 // ... (a row at a time, as layer_norm_bwd_dx) and keeps Σ dy · x̂ and Σ dy of its threads' columns
 // (a thread's columns are the same in every row) in LnColSums, written to partials[b] at the end
-// (splits = gridDim.x), so dy and h are read once. kSmem: the sums in dynamic shared memory
-// (2 · kChunks · 8 · kThreads floats), else in registers.
-template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector, bool kSmem>
+// (splits = gridDim.x), so dy and h are read once.
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
 __global__ void __launch_bounds__(kThreads)
 layer_norm_bwd(const LayerNormParams p) {
     __shared__ float red[kThreads / 32];
     extern __shared__ float col_sums[];
-    LnColSums<kThreads, kChunks, kSmem> sums(col_sums);
+    LnColSums<kThreads, kChunks> sums(col_sums);
     const float inv_n = 1.f / static_cast<float>(p.n);
     for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
         const i64 row0 = static_cast<i64>(row) * p.n;
         const float mean = p.is_rms ? 0.f : p.mean[row];
         const float rstd = p.rstd[row];
-        float xh[kChunks][8], dy[kChunks][8];
+        float xh[kChunks][8], g[kChunks][8];
         float sg = 0.f, sgx = 0.f;
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             const int col = (c * kThreads + threadIdx.x) * 8;
             ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
-            ln_load<Elem, kVector>(p.dy, row0, col, p.n, dy[c]);
+            ln_load<Elem, kVector>(p.dy, row0, col, p.n, g[c]);
             float w[8];
             ln_load<W, kVector>(p.weight, 0, col, p.n, w);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 xh[c][i] = (xh[c][i] - mean) * rstd;    // absent columns: dy = w = 0, so g = 0
-                const float g = dy[c][i] * (w[i] + p.w_offset);
-                sg += g;
-                sgx = fmaf(g, xh[c][i], sgx);
-                sums.add(c, i, dy[c][i], xh[c][i], p.dbias != nullptr);
+                sums.add(c, i, g[c][i], xh[c][i], p.dbias != nullptr);
+                g[c][i] *= w[i] + p.w_offset;          // dy -> g
+                sg += g[c][i];
+                sgx = fmaf(g[c][i], xh[c][i], sgx);
             }
         }
         const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
@@ -327,12 +319,11 @@ layer_norm_bwd(const LayerNormParams p) {
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             const int col = (c * kThreads + threadIdx.x) * 8;
-            float w[8], dres[8], dh[8];
-            ln_load<W, kVector>(p.weight, 0, col, p.n, w);   // again (L1): fewer live registers
+            float dres[8], dh[8];
             if (p.dresidual_out) ln_load<Res, kVector>(p.dresidual_out, row0, col, p.n, dres);
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-                dh[i] = rstd * (dy[c][i] * (w[i] + p.w_offset) - mg - xh[c][i] * mgx);
+                dh[i] = rstd * (g[c][i] - mg - xh[c][i] * mgx);
                 if (p.dresidual_out) dh[i] += dres[i];
             }
             ln_store<Elem, kVector>(p.dx, row0, col, p.n, dh);

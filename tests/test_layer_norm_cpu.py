@@ -263,8 +263,8 @@ def test_plan_launch_path_mocked(monkeypatch):
 
 def test_fused_plan_mocked(monkeypatch):
     """The fused backward's plan: as many CTAs as fit at once (the occupancy query, mocked, given
-    the shared memory), at most one per row, each a row of partials; the shared-memory sums opted
-    in above 48 KB; no register sums above REGS_MAX_THREADS threads (shared memory there)."""
+    the shared memory), at most one per row, each a row of partials; the shared memory opted into
+    above 48 KB."""
     import types
 
     from cupy_backends.cuda.api import driver
@@ -281,17 +281,14 @@ def test_fused_plan_mocked(monkeypatch):
     monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: attrs.append((fn, attr, value)))
     dev = types.SimpleNamespace(index=0)
     args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
-    plan = ln_kernels._Plan(16384, 4096, *args, "smem")
-    assert plan.fused == "smem" and plan.bwd == 5 and plan.splits == 3 * 132
+    plan = ln_kernels._Plan(16384, 4096, *args, True)
+    assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132
     assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 128, 32768) and not attrs
-    regs = ln_kernels._Plan(16384, 4096, *args, "regs")
-    assert regs.bwd == 6 and regs.smem == 0 and occ[-1] == (6, 128, 0)
-    assert ln_kernels._Plan(100, 4096, *args, "smem").splits == 100
-    big = ln_kernels._Plan(16384, 16384, *args, "regs")
-    assert big.threads == 512 and big.fused == "smem" and big.smem == 131072 and attrs == [(5, 8, 131072)]
-    assert len(ln_kernels.kernel_names(torch.bfloat16, torch.bfloat16, torch.bfloat16, 512, True)) == 5
+    assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
+    big = ln_kernels._Plan(16384, 16384, *args, True)
+    assert big.threads == 512 and big.smem == 131072 and attrs == [(5, 8, 131072)]
     two = ln_kernels._Plan(16384, 4096, *args, False)
-    assert not two.fused and two.bwd is None and two.splits * -(-16384 // two.splits) >= 16384
+    assert not two.fused and two.smem == 0 and two.splits * -(-16384 // two.splits) >= 16384
 
 
 def test_warm_modules_are_the_calls(monkeypatch):

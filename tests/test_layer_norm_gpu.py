@@ -73,13 +73,13 @@ def test_against_float64(rms, dtype, n, case):
     check_case(rms, dtype, n, NS[n], case)
 
 
-@pytest.mark.parametrize("fused", ["smem", "regs", False], ids=["smem", "regs", "two_pass"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "two_pass"])
 @pytest.mark.parametrize("rows,n", [(3001, 4104), (5003, 999), (1500, 8192)])
 @pytest.mark.parametrize("case", ["plain", "res_fp32_prenorm", "prenorm"])
 @pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
 def test_many_rows_per_cta(monkeypatch, rms, rows, n, case, fused):
-    """More rows than the fused backward's CTAs (each sums several rows' dweight / dbias partials,
-    in shared memory or registers), and the two-pass backward (FUSED_DW = False)."""
+    """More rows than the fused backward's CTAs (each sums several rows' dweight / dbias partials
+    in shared memory), and the two-pass backward (FUSED_DW = False)."""
     monkeypatch.setattr(ln_kernels, "FUSED_DW", fused)
     check_case(rms, "bf16", n, rows, case)
 
