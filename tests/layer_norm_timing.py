@@ -179,7 +179,8 @@ def main():
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--shapes", default=",".join(f"{r}x{n}" for r, n in SHAPES))
     ap.add_argument("--cases", default="rms,ln,rms_res,rms_res32")
-    ap.add_argument("--fp32-shape", default="16384x4096", help="one shape timed in fp32 too ('' : none)")
+    ap.add_argument("--extra", default="fp32:16384x4096",
+                    help="more (dtype:shape) jobs after --dtypes x --shapes, comma-separated ('': none)")
     ap.add_argument("--compile", action="store_true", help="time torch.compile of the composition too")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--host", action="store_true")
@@ -190,8 +191,9 @@ def main():
         res["host_us"] = host_times(torch.bfloat16)
         print(json.dumps(res["host_us"]), flush=True)
     jobs = [(dt, s) for dt in a.dtypes.split(",") for s in shapes]
-    if a.fp32_shape:
-        jobs.append(("fp32", tuple(int(v) for v in a.fp32_shape.split("x"))))
+    for item in filter(None, a.extra.split(",")):
+        dname, shape = item.split(":")
+        jobs.append((dname, tuple(int(v) for v in shape.split("x"))))
     for dname, (rows, n) in jobs:
         dt = DTYPES[dname]
         res["copy"].append(copy_gbs(rows, n, dt))
