@@ -19,9 +19,10 @@ written per element of a 16-bit x): the ceiling.
 ``--host``: host microseconds per eager forward call (a small shape) of the fused route,
 F.rms_norm and the composition.
 
-Writes a JSON summary (--out)."""
+Writes a JSON summary (--out); ``--summarize FILE`` prints one as a markdown table."""
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -173,7 +174,32 @@ def host_times(dt):
     return {k: {"best_us": round(v[0], 2), "median_us": round(v[1], 2)} for k, v in res.items()}
 
 
+def summarize(path) -> str:
+    """A markdown table of a timing JSON (no GPU needed)."""
+    d = json.load(open(path))
+    copy = {(c["dtype"], c["rows"], c["n"]): c["copy_gbs"] for c in d.get("copy", [])}
+    peers = ("cuflash", "torch", "compiled", "composition", "cuflash_two_pass")
+    out = [f"{d['device']}, torch {d['torch']}; ms (GB/s of the bytes that must move); copy = x.clone() GB/s", "",
+           "| dtype | rows x n | case | copy | " + " | ".join(f"fwd {p}" for p in peers[:4]) + " | "
+           + " | ".join(f"fwd+bwd {p}" for p in peers) + " |",
+           "|" + "---|" * (4 + 4 + len(peers))]
+    for c in d["cases"]:
+        def cell(kind, p):
+            ms = c[f"{kind}_ms"].get(p)
+            return "" if ms is None else f"{ms:.3f} ({c[f'{kind}_gbs'][p]:.0f})"
+        out.append(f"| {c['dtype']} | {c['rows']}x{c['n']} | {c['case']} | {copy.get((c['dtype'], c['rows'], c['n']), '')} | "
+                   + " | ".join(cell("fwd", p) for p in peers[:4]) + " | "
+                   + " | ".join(cell("fwd_bwd", p) for p in peers) + " |")
+    if "host_us" in d:
+        out += ["", "host us per eager forward call (best / median of rounds): "
+                + ", ".join(f"{k} {v['best_us']} / {v['median_us']}" for k, v in d["host_us"].items())]
+    return "\n".join(out)
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        print(summarize(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="layer_norm_timing.json")
     ap.add_argument("--dtypes", default="bf16,fp16")
