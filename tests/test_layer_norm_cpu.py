@@ -333,3 +333,24 @@ def test_host_constants_match_the_kernel():
     const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (kLn\w+) = (\d+);", src)}
     assert const["kLnDwThreads"] == ln_kernels._DW_THREADS and const["kLnFinishCols"] == ln_kernels._FINISH_COLS
     assert const["kLnFinishCols"] * const["kLnFinishGroups"] == ln_kernels._FINISH_THREADS
+
+
+def test_no_grad_call_skips_autograd(monkeypatch):
+    """A call with nothing to differentiate runs the kernel route without _FusedNormFn (host time);
+    its outputs are the autograd route's."""
+    monkeypatch.setattr(ops, "OPS_ROUTE_ON_CPU", True)
+    torch.manual_seed(3)
+    x, r = torch.randn(5, 40, dtype=torch.float64), torch.randn(5, 40, dtype=torch.float64)
+    w = torch.randn(40, dtype=torch.float64)
+    want = [t.detach() for t in layer_norm_fn(x.clone().requires_grad_(True), w, None, residual=r, prenorm=True,
+                                               is_rms_norm=True)]
+    applied = []
+    real = ops._FusedNormFn.apply
+    monkeypatch.setattr(ops._FusedNormFn, "apply", lambda *a: applied.append(1) or real(*a))
+    with torch.no_grad():
+        got = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        y = layer_norm_fn(x.reshape(1, 5, 40), w, None)
+    assert not applied and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert y.shape == (1, 5, 40) and torch.equal(y[0], layer_norm_fn(x, w, None))
+    layer_norm_fn(x, w.clone().requires_grad_(True), None)
+    assert applied == [1]

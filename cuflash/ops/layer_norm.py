@@ -172,6 +172,14 @@ def _ln_bwd(*args):
     return _ln.backward(*args)
 
 
+def _fused_forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+    """(y, residual_out) of the kernel route without autograd (no input needs a gradient)."""
+    shape, n = x.shape, x.shape[-1]
+    y, res_out, _, _ = _ln_fwd(x.reshape(-1, n), weight, bias, residual.reshape(-1, n) if residual is not None else None,
+                               float(eps), is_rms, zero_centered, res_dtype, write_res)
+    return y.view(shape), res_out.view(shape) if write_res else res_out
+
+
 class _FusedNormFn(torch.autograd.Function):
     """x [+ residual] -> (y, residual_out) through cuflash.layer_norm's kernels; residual_out is
     an empty tensor when it is not written (h = x: the caller returns x itself)."""
@@ -214,8 +222,12 @@ def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bia
     res_dtype = residual.dtype if residual is not None else torch.float32 if residual_in_fp32 else x.dtype
     if _kernel_route(x, weight, bias, residual, x1, weight1, dropout_p, rowscale, layerscale, res_dtype, out_dtype):
         write_res = residual is not None or res_dtype != x.dtype
-        y, res = _FusedNormFn.apply(x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight, res_dtype,
-                                    write_res)
+        args = (x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight, res_dtype, write_res)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)) \
+                or torch.compiler.is_compiling():
+            y, res = _FusedNormFn.apply(*args)
+        else:   # nothing to differentiate: the kernel without autograd's bookkeeping (host µs per call)
+            y, res = _fused_forward(*args)
         return y, None, res if write_res else x, None, None
     cdt = _compute_dtype(x, weight, bias, residual, x1, weight1, bias1)
     # each step forms its result in cdt, the 16-bit operand converted inside the operation
