@@ -159,6 +159,9 @@ def test_nd_input_and_modules():
     x = torch.randn(2, 37, 1024, device="cuda", dtype=torch.bfloat16)
     r = torch.randn(2, 37, 1024, device="cuda", dtype=torch.bfloat16)
     y, res = m(x, residual=r, prenorm=True, residual_in_fp32=True)
+    with torch.no_grad():   # the route without autograd.Function: the same kernel, the same outputs
+        y0, res0 = m(x, residual=r, prenorm=True, residual_in_fp32=True)
+    assert torch.equal(y0, y) and torch.equal(res0, res)
     ops.USE_KERNELS = False
     try:
         y2, res2 = m(x, residual=r, prenorm=True, residual_in_fp32=True)
