@@ -179,6 +179,7 @@ def summarize(path) -> str:
     d = json.load(open(path))
     copy = {(c["dtype"], c["rows"], c["n"]): c["copy_gbs"] for c in d.get("copy", [])}
     peers = ("cuflash", "torch", "compiled", "composition", "cuflash_two_pass")
+    peers += tuple(sorted({k for c in d["cases"] for k in c["fwd_bwd_ms"]} - set(peers)))   # older runs' peers
     out = [f"{d['device']}, torch {d['torch']}; ms (GB/s of the bytes that must move); copy = x.clone() GB/s", "",
            "| dtype | rows x n | case | copy | " + " | ".join(f"fwd {p}" for p in peers[:4]) + " | "
            + " | ".join(f"fwd+bwd {p}" for p in peers) + " |",
