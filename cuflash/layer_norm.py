@@ -263,7 +263,10 @@ def forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, wr
     bias = bias.contiguous() if bias is not None else None
     y = torch.empty_like(x)
     res_out = torch.empty((rows, n) if write_res else (0,), dtype=res_dtype, device=x.device)
-    mean, rstd = torch.empty((2, rows), dtype=torch.float32, device=x.device)   # one allocation
+    # two allocations: the torch op cuflash::layer_norm_fwd returns both, and an op's outputs may not
+    # alias one another (torch 2.11 warns, 2.12 raises)
+    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if api.POISON_OUTPUTS:   # test hook: anything the kernel misses shows as NaN
         for t in (y, res_out, mean, rstd):
             t.fill_(float("nan"))
