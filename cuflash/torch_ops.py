@@ -1700,8 +1700,8 @@ def _ln_bwd_op(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, 
                res_dtype, h_from_res):
     from . import layer_norm
 
-    return layer_norm.backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
-                               res_dtype, h_from_res)
+    return layer_norm.backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                               has_residual, res_dtype, h_from_res)
 
 
 for _key in ("CUDA", "CPU"):

@@ -188,7 +188,8 @@ def summarize(path) -> str:
         def cell(kind, p):
             ms = c[f"{kind}_ms"].get(p)
             return "" if ms is None else f"{ms:.3f} ({c[f'{kind}_gbs'][p]:.0f})"
-        out.append(f"| {c['dtype']} | {c['rows']}x{c['n']} | {c['case']} | {copy.get((c['dtype'], c['rows'], c['n']), '')} | "
+        ceiling = copy.get((c["dtype"], c["rows"], c["n"]), "")
+        out.append(f"| {c['dtype']} | {c['rows']}x{c['n']} | {c['case']} | {ceiling} | "
                    + " | ".join(cell("fwd", p) for p in peers[:4]) + " | "
                    + " | ".join(cell("fwd_bwd", p) for p in peers) + " |")
     if "host_us" in d:

@@ -175,8 +175,9 @@ def _ln_bwd(*args):
 def _fused_forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
     """(y, residual_out) of the kernel route without autograd (no input needs a gradient)."""
     shape, n = x.shape, x.shape[-1]
-    y, res_out, _, _ = _ln_fwd(x.reshape(-1, n), weight, bias, residual.reshape(-1, n) if residual is not None else None,
-                               float(eps), is_rms, zero_centered, res_dtype, write_res)
+    r2 = residual.reshape(-1, n) if residual is not None else None
+    y, res_out, _, _ = _ln_fwd(x.reshape(-1, n), weight, bias, r2, float(eps), is_rms, zero_centered, res_dtype,
+                               write_res)
     return y.view(shape), res_out.view(shape) if write_res else res_out
 
 
@@ -194,8 +195,8 @@ class _FusedNormFn(torch.autograd.Function):
         # the backward's h: an fp32 residual_out is the forward's h exactly; else x + residual again
         h_from_res = write_res and res_dtype == torch.float32 and x.dtype != torch.float64
         ctx.save_for_backward(res_out if h_from_res else x2, None if h_from_res else r2, weight, mean, rstd)
-        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape, x.dtype,
-                     h_from_res)
+        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape,
+                     x.dtype, h_from_res)
         ctx.set_materialize_grads(False)
         if write_res:
             return y.view(shape), res_out.view(shape)
