@@ -22,9 +22,12 @@
 // of whole chunks (the host takes it when n % 8 == 0 and every pointer is 16-byte aligned); else
 // one element at a time with a bounds check. The row statistics are two-pass over the registers
 // (mean first, then the squared deviations), so no cancellation.
-// dweight / dbias, atomics-free: layer_norm_bwd_dw gives each CTA 8 · kDwThreads columns and
-// rows_per_split rows (gridDim.y = splits), writes Σ over its rows to partials; layer_norm_bwd_dw_
-// finish sums the splits per column and rounds into W.
+// The backward, atomics-free: layer_norm_bwd (the default) gives each of gridDim.x CTAs rows b, b +
+// gridDim.x, ..., writes dx (and dresidual) a row at a time and sums dy · x̂ (and dy) of its threads'
+// columns in shared memory, written to partials[b] at the end (splits = gridDim.x). The two-pass
+// alternative: layer_norm_bwd_dx (dx a row per CTA), then layer_norm_bwd_dw, each CTA 8 · kDwThreads
+// columns over rows_per_split rows (gridDim.y = splits). layer_norm_bwd_dw_finish sums the splits
+// per column and rounds into W.
 //
 // Template parameters:
 //   Elem      bf16, fp16 or float: x, y, dy, dx
