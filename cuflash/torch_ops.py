@@ -1672,3 +1672,54 @@ def _(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, 
 def _(grad_loss, logits, lse, labels, smoothing, logit_scale, lse_square_scale, ignore_index, class_start,
       total_classes):
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# fused residual add + LayerNorm / RMSNorm (cuflash.ops.layer_norm): its eager path calls
+# cuflash.layer_norm directly; these ops are what torch.compile traces inside its
+# autograd.Function (no autograd on the ops). Absent outputs are empty tensors.
+
+torch.library.define(
+    "cuflash::layer_norm_fwd",
+    "(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, float eps, bool is_rms, bool zero_centered, "
+    "ScalarType res_dtype, bool write_res) -> (Tensor, Tensor, Tensor, Tensor)")
+torch.library.define(
+    "cuflash::layer_norm_bwd",
+    "(Tensor dy, Tensor? dres_out, Tensor h, Tensor? residual, Tensor weight, bool has_bias, Tensor mean, "
+    "Tensor rstd, bool is_rms, "
+    "bool zero_centered, bool has_residual, ScalarType res_dtype, bool h_from_res) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _ln_fwd_op(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+    from . import layer_norm
+
+    return layer_norm.forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res)
+
+
+def _ln_bwd_op(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual,
+               res_dtype, h_from_res):
+    from . import layer_norm
+
+    return layer_norm.backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                               has_residual, res_dtype, h_from_res)
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::layer_norm_fwd", _key)(_ln_fwd_op)
+    torch.library.impl("cuflash::layer_norm_bwd", _key)(_ln_bwd_op)
+
+
+@torch.library.register_fake("cuflash::layer_norm_fwd")
+def _(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+    st = torch.float64 if x.dtype == torch.float64 else torch.float32
+    rows = x.shape[0]
+    return (torch.empty_like(x), x.new_empty(tuple(x.shape) if write_res else (0,), dtype=res_dtype),
+            x.new_empty(rows, dtype=st), x.new_empty(rows, dtype=st))
+
+
+@torch.library.register_fake("cuflash::layer_norm_bwd")
+def _(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_centered, has_residual, res_dtype,
+      h_from_res):
+    return (torch.empty_like(dy), torch.empty_like(weight),
+            torch.empty_like(weight) if has_bias else weight.new_empty(0),
+            dy.new_empty(tuple(dy.shape) if has_residual else (0,), dtype=res_dtype))

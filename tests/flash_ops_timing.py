@@ -1,5 +1,6 @@
-"""Time cuflash's torch compositions of flash-attn's building blocks (forward + backward) next to
-the plain torch code they replace, interleaved in one process (cuflash.timing.time_interleaved):
+"""Time cuflash's versions of flash-attn's building blocks (forward + backward: the fused norm and
+cross-entropy kernels on CUDA tensors) next to the plain torch code they replace, interleaved in
+one process (cuflash.timing.time_interleaved):
 
 * prenorm residual add + RMSNorm / LayerNorm (Llama / GPT block shapes, bf16, the residual stream
   in fp32): ``rms_norm_fn`` / ``layer_norm_fn(residual=..., prenorm=True, residual_in_fp32=True)``

@@ -42,7 +42,8 @@ computes the same thing, with the same parameters and keys (not an error):
 ``fused_bias_fc`` → ``nn.Linear`` projections (flash-attn's fused dense GEMM + bias);
 ``fused_mlp`` / ``fused_dense_sqrelu_dense`` → ``cuflash.modules.mlp.FusedMLP`` (fc1 → activation →
 fc2 in torch; ``mlp_checkpoint_lvl`` checked, not used); ``fused_dropout_add_ln`` →
-``cuflash.ops.layer_norm.layer_norm_fn`` (a torch composition).
+``cuflash.ops.layer_norm.layer_norm_fn`` (fused CUDA kernels without dropout, else a torch
+composition).
 
 Differences from flash-attn (on the accepting side): the tensor-parallel model
 (``process_group``) does not need ``fused_bias_fc``; ``GPTPreTrainedModel`` takes any config object

@@ -1,6 +1,13 @@
 """Dropout + residual add + LayerNorm / RMSNorm with flash-attn 2.8's names, arguments, return
-values and dtype rules, as torch compositions (autograd through torch's own operations, no fused
-kernel; ``torch.compile`` traces them like any torch code).
+values and dtype rules. The common case runs fused CUDA kernels (``cuflash.layer_norm``,
+``kernels_cu/layer_norm.cu``): CUDA x [+ residual] in bf16 / fp16 / fp32 with a weight (bias
+optional), rows of at most 16384 features, no dropout, rowscale, layerscale, x1 or weight1, y in
+x's dtype; one read of x (and the residual) and one write of y (and residual_out) forward; one
+read of dy and h and one write of dx (and dresidual) backward, with dweight / dbias summed per CTA
+on the way and the CTAs' sums added by a second small kernel; under torch.compile the same kernels run as the torch ops
+``cuflash::layer_norm_fwd`` / ``layer_norm_bwd``. Every other call (CPU, float64, dropout, ...)
+and ``USE_KERNELS = False`` take the torch compositions below (autograd through torch's own
+operations; ``torch.compile`` traces them like any torch code).
 
 ``flash_attn.ops.triton.layer_norm`` → ``cuflash.ops.layer_norm`` (also importable as
 ``cuflash.ops.triton.layer_norm``): ``layer_norm_fn``, ``rms_norm_fn``, ``RMSNorm``,
@@ -36,6 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+from .. import layer_norm as _ln
 
 __all__ = ["layer_norm_fn", "rms_norm_fn", "LayerNormFn", "layer_norm_ref", "rms_norm_ref", "RMSNorm", "LayerNorm",
            "layer_norm_linear_fn", "dropout_add_layer_norm", "dropout_add_layer_norm_parallel_residual",
@@ -130,10 +139,97 @@ def _norm_affine(h: Tensor, w, b, eps: float, is_rms_norm: bool, zero_centered: 
     return F.layer_norm(h, (n,), w, b, eps)
 
 
+# ---------------------------------------------------------------------------------------------
+# The fused kernels (cuflash.layer_norm): the common case of CUDA tensors
+# ---------------------------------------------------------------------------------------------
+
+# False: CUDA tensors take the torch composition too (the timing script compares the two).
+USE_KERNELS = True
+# Test hook: True sends CPU tensors through the kernel route too (the torch ops, whose CPU impls
+# run cuflash.layer_norm's float64 reference), so its plumbing is tested without a GPU.
+OPS_ROUTE_ON_CPU = False
+
+
+def _kernel_route(x, weight, bias, residual, x1, weight1, dropout_p, rowscale, layerscale, res_dtype,
+                  out_dtype) -> bool:
+    """The kernels take x [+ residual] -> norm · w [+ b] with no dropout, rowscale, layerscale, x1
+    or weight1, y in x's dtype; other calls take the composition."""
+    if not USE_KERNELS or dropout_p != 0.0 or rowscale is not None or layerscale is not None or x1 is not None \
+            or weight1 is not None or weight is None or out_dtype not in (None, x.dtype) or x.numel() == 0:
+        return False
+    return _ln.kernel_takes(x, weight, bias, residual, res_dtype) or (OPS_ROUTE_ON_CPU and not x.is_cuda)
+
+
+def _ln_fwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.layer_norm_fwd(*args)
+    return _ln.forward(*args)
+
+
+def _ln_bwd(*args):
+    if torch.compiler.is_compiling():
+        return torch.ops.cuflash.layer_norm_bwd(*args)
+    return _ln.backward(*args)
+
+
+def _fused_forward(x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+    """(y, residual_out) of the kernel route without autograd (no input needs a gradient)."""
+    shape, n = x.shape, x.shape[-1]
+    r2 = residual.reshape(-1, n) if residual is not None else None
+    y, res_out, _, _ = _ln_fwd(x.reshape(-1, n), weight, bias, r2, float(eps), is_rms, zero_centered, res_dtype,
+                               write_res)
+    return y.view(shape), res_out.view(shape) if write_res else res_out
+
+
+class _FusedNormFn(torch.autograd.Function):
+    """x [+ residual] -> (y, residual_out) through cuflash.layer_norm's kernels; residual_out is
+    an empty tensor when it is not written (h = x: the caller returns x itself)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype, write_res):
+        shape, n = x.shape, x.shape[-1]
+        x2 = x.reshape(-1, n)
+        r2 = residual.reshape(-1, n) if residual is not None else None
+        y, res_out, mean, rstd = _ln_fwd(x2, weight, bias, r2, float(eps), is_rms, zero_centered, res_dtype,
+                                         write_res)
+        # the backward's h: an fp32 residual_out is the forward's h exactly; else x + residual again
+        h_from_res = write_res and res_dtype == torch.float32 and x.dtype != torch.float64
+        ctx.save_for_backward(res_out if h_from_res else x2, None if h_from_res else r2, weight, mean, rstd)
+        ctx.flags = (bias is not None, is_rms, zero_centered, residual is not None, res_dtype, write_res, shape,
+                     x.dtype, h_from_res)
+        ctx.set_materialize_grads(False)
+        if write_res:
+            return y.view(shape), res_out.view(shape)
+        ctx.mark_non_differentiable(res_out)
+        return y.view(shape), res_out
+
+    @staticmethod
+    def backward(ctx, dy, dres):
+        h, r2, weight, mean, rstd = ctx.saved_tensors
+        has_bias, is_rms, zero_centered, has_residual, res_dtype, write_res, shape, x_dtype, h_from_res = ctx.flags
+        n = shape[-1]
+        dy = torch.zeros(h.shape, dtype=x_dtype, device=h.device) if dy is None else dy.reshape(-1, n)
+        dres2 = dres.reshape(-1, n) if write_res and dres is not None else None
+        dx, dw, db, dresid = _ln_bwd(dy, dres2, h, r2, weight, has_bias, mean, rstd, is_rms, zero_centered,
+                                     has_residual, res_dtype, h_from_res)
+        return (dx.view(shape), dw, db if has_bias else None, dresid.view(shape) if has_residual else None,
+                None, None, None, None, None)
+
+
 def _dropout_add_norm(x, weight, bias, residual=None, x1=None, weight1=None, bias1=None, eps=1e-6,
                       dropout_p=0.0, rowscale=None, layerscale=None, residual_in_fp32=False,
                       zero_centered_weight=False, is_rms_norm=False, out_dtype=None):
     """The shared body: returns (y, y1, residual_out, mask, mask1); y1 / masks None when absent."""
+    res_dtype = residual.dtype if residual is not None else torch.float32 if residual_in_fp32 else x.dtype
+    if _kernel_route(x, weight, bias, residual, x1, weight1, dropout_p, rowscale, layerscale, res_dtype, out_dtype):
+        write_res = residual is not None or res_dtype != x.dtype
+        args = (x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight, res_dtype, write_res)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, residual)) \
+                or torch.compiler.is_compiling():
+            y, res = _FusedNormFn.apply(*args)
+        else:   # nothing to differentiate: the kernel without autograd's bookkeeping (host µs per call)
+            y, res = _fused_forward(*args)
+        return y, None, res if write_res else x, None, None
     cdt = _compute_dtype(x, weight, bias, residual, x1, weight1, bias1)
     # each step forms its result in cdt, the 16-bit operand converted inside the operation
     h = x

@@ -1,0 +1,356 @@
+"""cuflash.ops.layer_norm's fused-kernel route without a GPU: the kernel source compiled by nvcc
+(sm_80, sm_90a: no spills) with its params struct laid out as cuflash.launch packs it; the route's
+plumbing (the torch ops cuflash::layer_norm_fwd / _bwd, whose CPU impls run cuflash.layer_norm's
+float64 reference) against the torch composition, eager and under torch.compile(fullgraph);
+torch.library.opcheck of the ops; which calls take the route."""
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cuflash import layer_norm as ln_kernels  # noqa: E402
+from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
+from cuflash.launch import struct_dtype  # noqa: E402
+from cuflash.ops import layer_norm as ops  # noqa: E402
+from cuflash.ops.layer_norm import layer_norm_fn  # noqa: E402
+
+F64 = dict(dtype=torch.float64)
+CASES = {
+    "ln": dict(),
+    "rms": dict(is_rms_norm=True),
+    "ln_res_prenorm": dict(residual=True, prenorm=True),
+    "rms_res": dict(residual=True, is_rms_norm=True),
+    "rms_prenorm_fp32": dict(prenorm=True, residual_in_fp32=True, is_rms_norm=True),
+    "zero_centered": dict(residual=True, prenorm=True, zero_centered_weight=True),
+}
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts the kernel module's forward / backward calls; OPS_ROUTE_ON_CPU on."""
+    monkeypatch.setattr(ops, "OPS_ROUTE_ON_CPU", True)
+    calls = {"fwd": 0, "bwd": 0}
+    f, b = ln_kernels.forward, ln_kernels.backward
+
+    def fwd(*a):
+        calls["fwd"] += 1
+        return f(*a)
+
+    def bwd(*a):
+        calls["bwd"] += 1
+        return b(*a)
+
+    monkeypatch.setattr(ln_kernels, "forward", fwd)
+    monkeypatch.setattr(ln_kernels, "backward", bwd)
+    return calls
+
+
+def run(kw, bias=True, shape=(3, 5, 17)):
+    torch.manual_seed(0)
+    n = shape[-1]
+    x = torch.randn(shape, **F64, requires_grad=True)
+    w = torch.randn(n, **F64, requires_grad=True)
+    b = torch.randn(n, **F64, requires_grad=True) if bias else None
+    r = torch.randn(shape, **F64, requires_grad=True) if kw.get("residual") else None
+    args = {k: v for k, v in kw.items() if k != "residual"}
+    out = layer_norm_fn(x, w, b, residual=r, **args)
+    y, res = out if kw.get("prenorm") else (out, None)
+    loss = (y * torch.randn(shape, **F64)).sum()
+    if res is not None:
+        loss = loss + (res * torch.randn(shape, **F64)).sum()
+    loss.backward()
+    return [t.detach() for t in (y, res, x.grad, w.grad, None if b is None else b.grad,
+                                  None if r is None else r.grad) if t is not None]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_ops_route_matches_composition(counted, case):
+    kw = CASES[case]
+    got = run(kw)
+    assert counted == {"fwd": 1, "bwd": 1}
+    ops.OPS_ROUTE_ON_CPU = False
+    want = run(kw)
+    assert counted == {"fwd": 1, "bwd": 1}
+    assert len(got) == len(want)
+    tol = 1e-12
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        assert torch.allclose(a, b, atol=tol, rtol=1e-10)
+
+
+def test_ops_route_gradcheck(counted):
+    torch.manual_seed(1)
+    x = torch.randn(4, 9, **F64, requires_grad=True)
+    w = torch.randn(9, **F64, requires_grad=True)
+    b = torch.randn(9, **F64, requires_grad=True)
+    r = torch.randn(4, 9, **F64, requires_grad=True)
+    for rms in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda x, w, b, r: layer_norm_fn(x, w, b, residual=r, prenorm=True, is_rms_norm=rms), (x, w, b, r))
+
+
+def test_ops_route_fullgraph(counted):
+    torch.manual_seed(2)
+    x = torch.randn(6, 16, **F64)
+    w = torch.randn(16, **F64)
+    r = torch.randn(6, 16, **F64)
+    fn = lambda x, w, r: layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    outs = []
+    for f in (fn, compiled):
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, r)]
+        y, res = f(*leaves)
+        grads = torch.autograd.grad(y.sum() + res.square().sum(), leaves)
+        outs.append((y, res) + grads)
+    for a, b in zip(*outs):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_opcheck():
+    torch.manual_seed(3)
+    x = torch.randn(5, 12, **F64)
+    w = torch.randn(12, **F64)
+    b = torch.randn(12, **F64)
+    r = torch.randn(5, 12, **F64)
+    args = (x, w, b, r, 1e-5, False, False, torch.float64, True)
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_fwd.default, args)
+    y, res, mean, rstd = torch.ops.cuflash.layer_norm_fwd(*args)
+    dy = torch.randn(5, 12, **F64)
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_bwd.default,
+                          (dy, dy.clone(), x, r, w, True, mean, rstd, False, False, True, torch.float64, False))
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_bwd.default,
+                          (dy, None, res.float(), None, w, True, mean, rstd, False, False, True, torch.float64, True))
+    torch.library.opcheck(torch.ops.cuflash.layer_norm_fwd.default,
+                          (x, w, None, None, 1e-5, True, False, torch.float64, False))
+
+
+def test_route_by_arguments(counted):
+    x = torch.randn(4, 8, **F64)
+    w = torch.randn(8, **F64)
+    layer_norm_fn(x, w, None)
+    assert counted["fwd"] == 1
+    layer_norm_fn(x, w, None, dropout_p=0.1)
+    layer_norm_fn(x, w, None, rowscale=torch.ones(4, **F64))
+    layer_norm_fn(x, w, None, x1=x.clone())
+    layer_norm_fn(x, w, None, weight1=w.clone())
+    layer_norm_fn(x, None, None)
+    layer_norm_fn(x, w, None, out_dtype=torch.float32)
+    assert counted["fwd"] == 1
+    ops.USE_KERNELS = False
+    try:
+        layer_norm_fn(x, w, None)
+    finally:
+        ops.USE_KERNELS = True
+    assert counted["fwd"] == 1
+
+
+def test_kernel_takes():
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    w = torch.zeros(16, dtype=torch.bfloat16)
+    assert not ln_kernels.kernel_takes(x, w, None, None, torch.bfloat16)   # CPU
+    assert ln_kernels.threads_for(1) == 32 and ln_kernels.threads_for(1024) == 32
+    assert ln_kernels.threads_for(1025) == 64 and ln_kernels.threads_for(4104) == 160
+    assert ln_kernels.threads_for(12288) == 384 and ln_kernels.threads_for(5120) == 160
+    assert ln_kernels.threads_for(8192) == 256 and ln_kernels.threads_for(16384) == 512
+    with pytest.raises(ValueError):
+        ln_kernels.threads_for(16385)
+
+
+def test_bad_arguments_before_route():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="weight"):
+        layer_norm_fn(x, torch.ones(7), None)
+    with pytest.raises(ValueError, match="residual"):
+        layer_norm_fn(x, torch.ones(8), None, residual=torch.ones(4, 7))
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm_fn(x, torch.ones(8), None, eps=-1.0)
+
+
+def test_not_a_registered_family():
+    from cuflash import registry
+
+    assert all("layer_norm" not in f.name for f in registry.families())
+
+
+# ---------------------------------------------------------------------------------------
+# the CUDA kernels' source, without a GPU
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+
+
+def instantiations():
+    bf, fp, f32 = torch.bfloat16, torch.float16, torch.float32
+    out = []
+    for combo in ((bf, bf, bf), (bf, f32, f32), (fp, fp, fp), (fp, fp, f32), (f32, f32, f32)):
+        for t in (32, 256, 512):
+            for v in (True, False):
+                out += ln_kernels.kernel_names(*combo, t, v)
+    return list(dict.fromkeys(out))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_kernel_compiles_without_spills(tmp_path, arch):
+    names = instantiations()
+    lines = [render_source("layer_norm")]
+    lines += [f"template __global__ void {n}(const cuflash::LayerNormParams);" for n in names]
+    src = tmp_path / "layer_norm.cu"
+    src.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    reports = parse_ptxas(proc.stderr + proc.stdout)
+    assert len(reports) == len(names)
+    assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in reports), reports
+
+
+@needs_nvcc
+def test_params_layout_matches_nvcc(tmp_path):
+    dt = struct_dtype("LayerNormParams")
+    checks = [f"static_assert(sizeof(cuflash::LayerNormParams) == {dt.itemsize}, \"sizeof\");"]
+    checks += [f"static_assert(__builtin_offsetof(cuflash::LayerNormParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
+               for n in dt.names]
+    src = tmp_path / "layout.cu"
+    src.write_text('#include "params_layer_norm.cuh"\n' + "\n".join(checks) + "\n")
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
+                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert ln_kernels._PTRS.size == dt.fields["rows"][1]   # the per-call pointers come first
+
+
+def test_static_record_packs():
+    """The plan's record packs without a GPU: every field given, the per-call pointers first, in
+    _PTRS' order (session 27's first GPU run failed here: pack was given no pointer fields)."""
+    from cuflash.launch import pack
+
+    rec = pack("LayerNormParams", **ln_kernels.static_fields(7, 4104, True, False, 3, 3, 1e-5, True))
+    dt = struct_dtype("LayerNormParams")
+    assert dt.names[:len(ln_kernels._POINTER_FIELDS)] == ln_kernels._POINTER_FIELDS
+    assert rec["n"] == 4104 and rec["rows_per_split"] == 3 and rec["w_offset"] == 1.0
+    assert ln_kernels._PTRS.size == dt.fields["rows"][1]
+
+
+def test_plan_launch_path_mocked(monkeypatch):
+    """_Plan and its run() without a GPU: compile, the device calls and the driver launch mocked;
+    the packed record's pointers and the three backward launches' grids as the host builds them."""
+    import types
+
+    from cupy_backends.cuda.api import driver
+
+    from cuflash import launch as launch_mod
+
+    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_functions",
+                        lambda src, names, dev: tuple(range(1, len(names) + 1)))
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    calls = []
+    monkeypatch.setattr(driver, "launchKernel", lambda *a: calls.append(a))
+    dev = types.SimpleNamespace(index=0)
+    plan = ln_kernels._Plan(1000, 4104, torch.bfloat16, torch.float32, torch.bfloat16, dev, True, False, 1e-5,
+                            False, True)
+    assert plan.threads == 160 and plan.splits * -(-1000 // plan.splits) >= 1000
+    ptrs = tuple(range(16, 16 * 16, 16))
+    plan.run(ptrs, ((plan.bwd_dx, 1000, 1, plan.threads, 0), (plan.bwd_dw, plan.dw_grid, plan.splits, 128, 0)), 7)
+    assert [c[:8] for c in calls] == [(2, 1000, 1, 1, 160, 1, 1, 0), (3, plan.dw_grid, plan.splits, 1, 128, 1, 1, 0)]
+    rec = plan.rec.record
+    assert tuple(int(rec[f][0]) for f in ln_kernels._POINTER_FIELDS) == ptrs
+    assert int(rec["splits"][0]) == plan.splits and int(rec["h_from_res"][0]) == 1
+
+
+def test_fused_plan_mocked(monkeypatch):
+    """The fused backward's plan: as many CTAs as fit at once (the occupancy query, mocked, given
+    the shared memory), at most one per row, each a row of partials; the shared memory opted into
+    above 48 KB."""
+    import types
+
+    from cupy_backends.cuda.api import driver
+
+    from cuflash import launch as launch_mod
+
+    monkeypatch.setattr(ln_kernels.compile_mod, "get_helper_functions",
+                        lambda src, names, dev: tuple(range(1, len(names) + 1)))
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    occ, attrs = [], []
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor",
+                        lambda fn, threads, smem: occ.append((fn, threads, smem)) or 3)
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: attrs.append((fn, attr, value)))
+    dev = types.SimpleNamespace(index=0)
+    args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
+    plan = ln_kernels._Plan(16384, 4096, *args, True)
+    assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132
+    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 128, 32768) and not attrs
+    assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
+    big = ln_kernels._Plan(16384, 16384, *args, True)
+    assert big.threads == 512 and big.smem == 131072 and attrs == [(5, 8, 131072)]
+    two = ln_kernels._Plan(16384, 4096, *args, False)
+    assert not two.fused and two.smem == 0 and two.splits * -(-16384 // two.splits) >= 16384
+
+
+def test_warm_modules_are_the_calls(monkeypatch):
+    """python -m cuflash warmup --helpers layer_norm: the modules warmed are those the plans of
+    calls at WARM_WIDTHS load (the same source and name expressions: CuPy's disk-cache key)."""
+    import types
+
+    from cuflash import compile as compile_mod
+    from cuflash import launch as launch_mod
+    from cuflash import warmup
+
+    assert "layer_norm" in warmup.parse_helpers("all")
+    mods = warmup.helper_modules(["layer_norm"], ["bf16"])
+    assert all(isinstance(m, compile_mod.HelperModule) and m.source == "layer_norm" for m in mods)
+    threads = sorted({ln_kernels.threads_for(n) for n in ln_kernels.WARM_WIDTHS})
+    assert threads == [32, 64, 96, 128, 160, 256, 384, 512]
+    assert len(mods) == len(threads) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
+    asked = []
+    monkeypatch.setattr(compile_mod, "get_helper_functions",
+                        lambda src, names, dev: asked.append(compile_mod.HelperModule(src, tuple(names)))
+                        or tuple(range(1, len(names) + 1)))
+    monkeypatch.setattr(launch_mod, "_device_fns", lambda: (lambda: 0, lambda d: None))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(multi_processor_count=132))
+    from cupy_backends.cuda.api import driver
+
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor", lambda fn, threads, smem: 2)
+    monkeypatch.setattr(driver, "funcSetAttribute", lambda fn, attr, value: None)
+    dev = types.SimpleNamespace(index=0)
+    bf, f32 = torch.bfloat16, torch.float32
+    for n in ln_kernels.WARM_WIDTHS:
+        for combo in ((bf, bf, bf), (bf, bf, f32), (bf, f32, bf), (f32, f32, f32)):
+            ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, ln_kernels.FUSED_DW)
+    assert asked and set(asked) == set(mods)
+
+
+def test_host_constants_match_the_kernel():
+    """The grid sizes the host computes use layer_norm.cu's CTA shapes."""
+    import re
+    from pathlib import Path
+
+    src = (Path(kernel_dir()) / "layer_norm.cu").read_text()
+    const = {m[0]: int(m[1]) for m in re.findall(r"constexpr int (kLn\w+) = (\d+);", src)}
+    assert const["kLnDwThreads"] == ln_kernels._DW_THREADS and const["kLnFinishCols"] == ln_kernels._FINISH_COLS
+    assert const["kLnFinishCols"] * const["kLnFinishGroups"] == ln_kernels._FINISH_THREADS
+
+
+def test_no_grad_call_skips_autograd(monkeypatch):
+    """A call with nothing to differentiate runs the kernel route without _FusedNormFn (host time);
+    its outputs are the autograd route's."""
+    monkeypatch.setattr(ops, "OPS_ROUTE_ON_CPU", True)
+    torch.manual_seed(3)
+    x, r = torch.randn(5, 40, dtype=torch.float64), torch.randn(5, 40, dtype=torch.float64)
+    w = torch.randn(40, dtype=torch.float64)
+    want = [t.detach() for t in layer_norm_fn(x.clone().requires_grad_(True), w, None, residual=r, prenorm=True,
+                                               is_rms_norm=True)]
+    applied = []
+    real = ops._FusedNormFn.apply
+    monkeypatch.setattr(ops._FusedNormFn, "apply", lambda *a: applied.append(1) or real(*a))
+    with torch.no_grad():
+        got = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        y = layer_norm_fn(x.reshape(1, 5, 40), w, None)
+    assert not applied and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert y.shape == (1, 5, 40) and torch.equal(y[0], layer_norm_fn(x, w, None))
+    layer_norm_fn(x, w.clone().requires_grad_(True), None)
+    assert applied == [1]
