@@ -152,6 +152,13 @@ struct RowKeys {
         start = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), end) : 0;
         keys = end + p.seqlen_new - start;
     }
+    // the same, its reads kept after the loads issued before it in program order (ld_ordered_s32)
+    __device__ __forceinline__ RowKeys(const DecodeParams& p, int b, bool /*ordered*/) {
+        end = p.cache_seqlens ? ld_ordered_s32(p.cache_seqlens + b) : p.cache_seqlen_fixed;
+        end = min(max(end, 0), p.capacity - p.seqlen_new);
+        start = p.cache_leftpad ? min(max(ld_ordered_s32(p.cache_leftpad + b), 0), end) : 0;
+        keys = end + p.seqlen_new - start;
+    }
 };
 
 // Element offsets of cache position `pos` of batch row b in k_cache and v_cache (head 0).
@@ -1685,9 +1692,14 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              warp keeps kStaged more of its blocks in flight by 16-byte cp.asyncs into its own shared-memory
 //              ring (each lane the chunks its registers take), read back into the register sets; no kAhead,
 //              kOrder 2 or kCluster. Off in the heuristic: slower than the plain loop on the H100 (session 27)
+//   kSpec      (0: none; 1, kOrder 2 only) kOrder 2's early loads, then Q's, are issued before cache_seqlens and
+//              cache_leftpad are read, and those reads stay after them (ld_ordered_s32): without it the compiler
+//              hoists the length's load and its uses (the split's range) above the early loads, which then wait
+//              for the length's round trip as the plain ones do. With kPdl the early loads still follow the wait:
+//              the stream's previous kernel may write the cache (decode_append, or the caller's own kernel)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0, int kSpec = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1709,6 +1721,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
     static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
                   "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
+    static_assert(kSpec == 0 || (kSpec == 1 && kOrder == 2), "kSpec: 0 (none) or 1, with kOrder 2");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1796,6 +1809,26 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
+    // kSpec: Q's loads issued right after the early K/V loads (before cache_seqlens is read); the fragments
+    // are taken from q_early where Q's B fragments are built below
+    u32 q_early[kRowTiles][kKLoads][4];
+    auto load_q_early = [&]() {
+        const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+        const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+        const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+        const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt) {
+            const int r = 8 * rt + g, pr = r0 + r, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            const u16* q_row = q_base + b * qb_stride + qi * qr_stride + h * qh_stride + 8 * t;
+#pragma unroll
+            for (int i = 0; i < kKLoads; ++i) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q_early[rt][i][e] = 0u;
+                if (r < rows_valid) ld_kv_16<0>(q_early[rt][i], q_row + 32 * i);
+            }
+        }
+    };
     // kOrder 2: block `split` (the split's first under kOrder's interleave when no left window
     // cuts the row) loaded before the length is known, into (k_e, v_e)
     u32 k_e[kTiles][2][kKLoads][4], v_e[kTiles][4][kVLoads][4];
@@ -1826,6 +1859,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
+    if constexpr (kSpec > 0) load_q_early();   // Q too before the length's read (kSpec: ordered after these loads)
     // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
     int row_ids[kIdsPerThread];
     const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
@@ -1839,7 +1873,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
-    const RowKeys rk(p, b);
+    const RowKeys rk = kSpec > 0 ? RowKeys(p, b, true) : RowKeys(p, b);
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 
     // the visible keys of some row [key_lo, key_hi) and of every row [full_lo, full_hi) of the CTA,
@@ -1879,7 +1913,10 @@ decode_splitkv_regs(const DecodeParams p) {
 #pragma unroll
         for (int i = 0; i < kKLoads; ++i) {
             u32 x[4] = {0u, 0u, 0u, 0u};
-            if (r < rows_valid) ld_kv_16<0>(x, q_row + 32 * i);
+            if constexpr (kSpec > 0) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] = q_early[rt][i][e];
+            } else if (r < rows_valid) ld_kv_16<0>(x, q_row + 32 * i);
             q_frag[rt][2 * i][0] = x[0];
             q_frag[rt][2 * i][1] = x[1];
             q_frag[rt][2 * i + 1][0] = x[2];

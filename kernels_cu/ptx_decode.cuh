@@ -123,6 +123,14 @@ __device__ __forceinline__ void prefetch_l1(const void* addr) {
     asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
 }
 
+// A 32-bit global load kept in program order (asm volatile): decode_splitkv_regs' kSpec reads cache_seqlens after
+// its speculative K/V loads, and the compiler may otherwise hoist a plain load's uses above them.
+__device__ __forceinline__ int ld_ordered_s32(const int* addr) {
+    int v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(addr));
+    return v;
+}
+
 // The cache line holding `addr` into L2 (decode_splitkv_regs' kAhead: the K/V rows of a block
 // further ahead than its two register sets requested early, so a short split's whole stream is in
 // flight from its start).

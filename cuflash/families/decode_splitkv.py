@@ -518,6 +518,8 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
             if problem.batch <= max_batch and problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
+    if REGS_SPEC_DEFAULT and cfg.regs_order == 2:
+        cfg = cfg.replace(regs_spec=REGS_SPEC_DEFAULT)
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
         return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0,
                            regs_staged=0, early_merge=False, pdl=0)
@@ -550,6 +552,12 @@ REGS_STAGED_DEFAULT = 0    # every regs call's regs_staged (tests: paged calls t
 # {"warps": 4, "regs_staged": 2}: cuDNN's grid at 1 x 8k (num_splits_for takes the co-resident model for a
 # staged config: two 4-warp CTAs per SM, 32 splits of 256 keys at 8 KV heads on 132 SMs).
 REGS_STAGED_RULES: tuple = ()
+# regs_spec (decode_splitkv_regs' kSpec; regs_order 2): the early loads of the split's first block, then Q's, are
+# issued before cache_seqlens is read, and that read is kept after them (an ordered load): without it the compiler
+# schedules the length's load and the split's range (its divisions) above regs_order 2's early loads, which then
+# wait for the length's round trip as the plain ones do (sm_90a SASS of the 1 x 8k config, session 28).
+# REGS_SPEC_DEFAULT: every regs call of regs_order 2 (after the rules; tests), 0: none.
+REGS_SPEC_DEFAULT = 0
 REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
@@ -697,6 +705,9 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
+    regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
+              issued before cache_seqlens is read, and that read is kept after them (kSpec): without it the
+              compiler schedules the length's load and the split's range above the early loads
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -738,6 +749,7 @@ class DecodeConfig(KernelConfig):
     regs_page_table: int = 0
     pdl: int = 0
     regs_staged: int = 0
+    regs_spec: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -771,7 +783,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
-                 + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else ""))
+                 + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else "")
+                 + ("_rsp" if self.regs_spec else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -804,8 +817,9 @@ class DecodeConfig(KernelConfig):
             # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
-                        str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged))]
-            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0"]
+                        str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged)),
+                        str(int(self.regs_spec))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -832,7 +846,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
-                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged))
+                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged), int(self.regs_spec))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -917,6 +931,10 @@ class DecodeConfig(KernelConfig):
         elif self.regs_staged and (not self.regs or self.regs_ahead or self.regs_order == 2 or self.regs_cluster):
             out.append("regs_staged: an option of the regs kernel (regs) without regs_ahead, regs_order 2 or "
                        "regs_cluster")
+        if self.regs_spec not in (0, 1):
+            out.append(f"regs_spec must be 0 or 1, got {self.regs_spec}")
+        elif self.regs_spec and (not self.regs or self.regs_order != 2):
+            out.append("regs_spec: an option of the regs kernel's regs_order 2 (regs, regs_order 2)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
