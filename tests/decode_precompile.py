@@ -356,7 +356,7 @@ def spec_test_configs():
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
                           REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
-                          REGS_ORDER_DEFAULT=2, REGS_SPEC_DEFAULT=1, REGS_BATCH1=False)
+                          REGS_ORDER_DEFAULT=2, REGS_SPEC_DEFAULT=2, REGS_BATCH1=False)
 
     def rule(case):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case

@@ -20,7 +20,7 @@ from cuflash.problem import Problem  # noqa: E402
 from cuflash.registry import get  # noqa: E402
 from decode_regs_sanitize import _regs_config, batch3_inputs, one_row  # noqa: E402
 
-SPEC = {"regs_order": 2, "regs_spec": 1}
+SPEC = {"regs_order": 2, "regs_spec": 2}
 
 
 def configs():

@@ -20,7 +20,7 @@ P8K = Problem("decode", "bf16", 1, 1, 8192, 32, 8, 128)
 
 
 def test_field_name_template_tail():
-    assert SPEC.name == "decode_bf16_d128_w8_n16_s3_m1_c4_em_rg1_ro2_pdl1_rsp"
+    assert SPEC.name == "decode_bf16_d128_w8_n16_s3_m1_c4_em_rg1_ro2_pdl1_rsp1"
     assert SPEC.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, false, false, 0, false, "
                                   "0, false, 2, 1, 0, 0, 1, 0, 1>")
     assert SPEC.template_args()[-1] == 1 and REGS.template_args()[-1] == 0   # kSpec last
@@ -33,10 +33,10 @@ def test_field_name_template_tail():
 
 
 def test_validation():
-    for ok in (SPEC, SPEC.replace(pdl=0), SPEC.replace(fused_combine=True, light_fence=True, early_merge=False, pdl=0),
+    for ok in (SPEC, SPEC.replace(regs_spec=2), SPEC.replace(pdl=0), SPEC.replace(fused_combine=True, light_fence=True, early_merge=False, pdl=0),
                SPEC.replace(head_dim=64, m_tiles=2), SPEC.replace(regs_page_table=1), SPEC.replace(regs=6)):
         assert not ok.problems(232448), ok.name
-    assert any("regs_spec must be 0 or 1" in x for x in SPEC.replace(regs_spec=2).problems(232448))
+    assert any("regs_spec must be 0, 1 or 2" in x for x in SPEC.replace(regs_spec=3).problems(232448))
     for bad in (SPEC.replace(regs_order=1), SPEC.replace(regs_order=0), REGS.replace(regs=0, regs_spec=1, regs_order=2)):
         assert any("regs_spec: an option of the regs kernel's regs_order 2" in x for x in bad.problems(232448)), bad.name
 
@@ -55,7 +55,7 @@ def test_heuristic_switch(monkeypatch):
     assert FAM.heuristic(P8K, (9, 0)).regs_spec == 1                      # a rule may set it
 
 
-POINTS = [SPEC, SPEC.replace(pdl=0), SPEC.replace(fused_combine=True, light_fence=True, early_merge=False, pdl=0),
+POINTS = [SPEC, SPEC.replace(regs_spec=2), SPEC.replace(pdl=0), SPEC.replace(fused_combine=True, light_fence=True, early_merge=False, pdl=0),
           SPEC.replace(head_dim=64, m_tiles=2), SPEC.replace(dtype="fp16"), SPEC.replace(regs_page_table=1)]
 
 

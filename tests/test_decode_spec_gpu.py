@@ -5,7 +5,7 @@ known; kSpec issues those loads and Q's before cache_seqlens is read (an ordered
 range turns out not to start at that block, or a row shorter than it, must not use them; the early block is
 clamped to the cache's rows (capacity), never out of bounds. Checked as test_decode_gpu.check_call does (outputs
 NaN-poisoned, error at most twice that of plain attention in the same precision):
-  * every regs call of regs_order 2 with kSpec (REGS_ORDER_DEFAULT 2, REGS_SPEC_DEFAULT 1): odd contexts (1, 17,
+  * every regs call of regs_order 2 with kSpec (REGS_ORDER_DEFAULT 2, REGS_SPEC_DEFAULT 2): odd contexts (1, 17,
     255, 257, 8191, 8192, 8193 keys), lengths varying per batch row (0 included), GQA 1 / 4 / 8, seqlen_q 1..4,
     append + rotary, cache_batch_idx + leftpad and a left window (no early loads there), pages 16 and 256, at
     num_splits 0 / 1 / 3 / 40;
@@ -28,7 +28,7 @@ from test_decode_staged_gpu import B1_CASES, B1_PAGED_CASES, CASES
 pytestmark = [pytest.mark.gpu]
 
 SPEC_RULE = {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1, "regs_order": 2,
-             "regs_spec": 1}
+             "regs_spec": 2}
 
 
 def _sm90():
@@ -40,7 +40,7 @@ def _sm90():
 def _spec_everywhere(monkeypatch):
     _options(monkeypatch, 1)
     monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", 2)
-    monkeypatch.setattr(fam_mod, "REGS_SPEC_DEFAULT", 1)
+    monkeypatch.setattr(fam_mod, "REGS_SPEC_DEFAULT", 2)
     monkeypatch.setattr(fam_mod, "REGS_BATCH1", False)   # no batch-1 rule replaces regs_order
 
 
@@ -54,7 +54,7 @@ def _spec_rule(monkeypatch):
 
 def _ran_spec(rule: bool = False):
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert plans and all(p.config.regs and p.config.regs_order == 2 and p.config.regs_spec == 1 for p in plans), \
+    assert plans and all(p.config.regs and p.config.regs_order == 2 and p.config.regs_spec == 2 for p in plans), \
         [p.config.name for p in plans]
     if rule:
         assert all(p.config.pdl == 1 and p.config.early_merge and not p.config.fused_combine for p in plans)

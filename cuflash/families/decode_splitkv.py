@@ -707,7 +707,8 @@ class DecodeConfig(KernelConfig):
               regs_order 2 or regs_cluster
     regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
               issued before cache_seqlens is read, and that read is kept after them (kSpec): without it the
-              compiler schedules the length's load and the split's range above the early loads
+              compiler schedules the length's load and the split's range above the early loads; 2: as 1, with
+              those loads' addresses computed before pdl's wait for the previous kernel
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -784,7 +785,7 @@ class DecodeConfig(KernelConfig):
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
                  + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else "")
-                 + ("_rsp" if self.regs_spec else ""))
+                 + (f"_rsp{self.regs_spec}" if self.regs_spec else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -931,8 +932,8 @@ class DecodeConfig(KernelConfig):
         elif self.regs_staged and (not self.regs or self.regs_ahead or self.regs_order == 2 or self.regs_cluster):
             out.append("regs_staged: an option of the regs kernel (regs) without regs_ahead, regs_order 2 or "
                        "regs_cluster")
-        if self.regs_spec not in (0, 1):
-            out.append(f"regs_spec must be 0 or 1, got {self.regs_spec}")
+        if self.regs_spec not in (0, 1, 2):
+            out.append(f"regs_spec must be 0, 1 or 2, got {self.regs_spec}")
         elif self.regs_spec and (not self.regs or self.regs_order != 2):
             out.append("regs_spec: an option of the regs kernel's regs_order 2 (regs, regs_order 2)")
         if self.regs not in REGS_VALUES:

@@ -31,17 +31,20 @@ def spec_configs() -> list:
     p = Problem("decode", "bf16", 1, 1, 8192, 32, 8, 128, False, False, ())
     base = FAM.call_config(FAM.heuristic(p, (9, 0)), p, (9, 0), 0, chosen=True, heuristic=True).replace(splits=0)
     assert base.pdl == 1 and base.early_merge and base.regs_order == 0, base.name   # the shipped 1 x 8k config
-    return [base.replace(regs_order=2, regs_spec=1), base.replace(regs_order=2, regs_spec=1, pdl=0),
-            base.replace(regs_order=2, regs_spec=1, head_dim=64)]
+    return [base.replace(regs_order=2, regs_spec=1), base.replace(regs_order=2, regs_spec=2),
+            base.replace(regs_order=2, regs_spec=1, pdl=0), base.replace(regs_order=2, regs_spec=2, head_dim=64)]
 
 
 def order(body: str) -> str:
     lines = [ln for ln in body.splitlines() if re.search(r"\b[A-Z]", ln)]
     wait = next((i for i, ln in enumerate(lines) if "ACQBULK" in ln), 0)
-    first128 = next((i for i, ln in enumerate(lines) if "LDG.E.128" in ln), -1)
+    ldg128 = [i for i, ln in enumerate(lines) if "LDG.E.128" in ln]
+    first128 = ldg128[0] if ldg128 else -1
+    twentieth = ldg128[19] if len(ldg128) > 19 else -1   # kSpec at d 128: 16 early K/V loads and Q's 4
     first32 = next((i for i, ln in enumerate(lines) if re.search(r"LDG\.E R|LDG\.E\.STRONG|LD\.E R", ln)), -1)
     first_mma = next((i for i, ln in enumerate(lines) if "HMMA" in ln), -1)
-    return f"wait at {wait}, first LDG.E.128 at {first128}, first 32-bit load at {first32}, first HMMA at {first_mma}"
+    return (f"wait at {wait}, first LDG.E.128 at {first128}, 20th at {twentieth}, first 32-bit load at {first32}, "
+            f"first HMMA at {first_mma}")
 
 
 def main(old_root: str) -> int:
