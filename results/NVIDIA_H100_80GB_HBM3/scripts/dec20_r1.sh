@@ -7,7 +7,7 @@
 set -u
 source results/NVIDIA_H100_80GB_HBM3/scripts/round_env.sh
 vs=(--variant "spec regs_order=2 regs_spec=1" --variant "spec2 regs_order=2 regs_spec=2" --variant "ord2 regs_order=2" --variant "ord1 regs_order=1"
-    --variant "spec2pf3 regs_order=2 regs_spec=2 regs_prefetch=1 regs_prefetch_blocks=3" --variant "pf regs_prefetch=1"
+    --variant "spec2pf1 regs_order=2 regs_spec=2 regs_prefetch=1" --variant "spec2pf3 regs_order=2 regs_spec=2 regs_prefetch=1 regs_prefetch_blocks=3"
     --variant "il intlens=1" --variant "spec2il regs_order=2 regs_spec=2 intlens=1")
 bg pre_t 22 python3 tests/decode_b1_timing.py --precompile --processes 8 --cells 1x8k 1x4k "${vs[@]}"
 bg pre_h 22 python3 tests/decode_harness_gap.py --precompile --ctx 8192
