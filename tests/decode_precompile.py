@@ -352,11 +352,11 @@ def spec_test_configs():
     tests/decode_spec_sanitize.py."""
     import test_decode_spec_gpu as t
 
-    def every(case):
+    def every(case, spec):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
         return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
                           REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
-                          REGS_ORDER_DEFAULT=2, REGS_SPEC_DEFAULT=2, REGS_BATCH1=False)
+                          REGS_ORDER_DEFAULT=2, REGS_SPEC_DEFAULT=spec, REGS_BATCH1=False)
 
     def rule(case):
         b, sq, lens, h, hk, d, dtype, page, extra, kw = case
@@ -368,7 +368,7 @@ def spec_test_configs():
     b1 = [(1, 1, [8192], 32, 8, 128, "bf16", page, {}, {}) for page in (None, 16)]
     import decode_spec_sanitize as san
 
-    return [every(c) for c in t.CASES + graph] + [rule(c) for c in t.B1_CASES + t.B1_PAGED_CASES + b1] + list(san.configs())
+    return [every(c, spec) for c in t.CASES + graph for spec in (1, 2)] + [rule(c) for c in t.B1_CASES + t.B1_PAGED_CASES + b1] + list(san.configs())
 
 
 def cluster_test_configs():

@@ -166,7 +166,7 @@ def test_shape_rules(monkeypatch):
     for b, ctx in ((2, 32768), (8, 8192), (8, 131072), (32, 8192), (64, 32768)):
         assert call(b, ctx, 0) == (0, True, 3, 1), (b, ctx)
     assert call(8, 4096, 0) == call(128, 8192, 0) == (0, False, 1, 0)
-    assert call(1, 32768, 0) == (0, True, 3, 1) and call(1, 8192, 0) == (0, False, 1, 0)   # REGS_BATCH1_RULES
+    assert call(1, 32768, 0) == (0, True, 3, 1) and call(1, 8192, 0) == (0, False, 1, 2)   # REGS_BATCH1_RULES
     monkeypatch.setattr(mod, "REGS_SHAPE_RULES", ())
     assert call(8, 32768, 0) == call(8, 32768, 16) == call(1, 8192, 16) == (0, False, 1, 0)
 

@@ -43,7 +43,11 @@ def test_validation():
 
 def test_heuristic_switch(monkeypatch):
     h = FAM.heuristic(P8K, (9, 0))
-    assert h.regs_spec == 0 and h.regs_order == 0   # off: the shipped batch-1 rule
+    assert (h.regs_spec, h.regs_order, h.pdl, h.early_merge, h.fused_combine) == (1, 2, 1, True, False)   # the rule
+    for p in (P8K.replace(seqlen_k=8193), P8K.replace(batch=2), P8K.replace(features=("paged_kv",))):
+        assert FAM.heuristic(p, (9, 0)).regs_spec == 0, p   # past the rule's keys, batch 2, paged: none
+    monkeypatch.setattr(mod, "REGS_BATCH1_RULES", ((8192, {"pdl": 1}),))
+    assert FAM.heuristic(P8K, (9, 0)).regs_spec == 0
     monkeypatch.setattr(mod, "REGS_SPEC_DEFAULT", 1)
     assert FAM.heuristic(P8K, (9, 0)).regs_spec == 0                      # only with regs_order 2
     monkeypatch.setattr(mod, "REGS_BATCH1_RULES", ((8192, {"regs_order": 2, "pdl": 1}),))

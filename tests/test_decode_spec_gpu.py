@@ -5,11 +5,12 @@ known; kSpec issues those loads and Q's before cache_seqlens is read (an ordered
 range turns out not to start at that block, or a row shorter than it, must not use them; the early block is
 clamped to the cache's rows (capacity), never out of bounds. Checked as test_decode_gpu.check_call does (outputs
 NaN-poisoned, error at most twice that of plain attention in the same precision):
-  * every regs call of regs_order 2 with kSpec (REGS_ORDER_DEFAULT 2, REGS_SPEC_DEFAULT 2): odd contexts (1, 17,
+  * every regs call of regs_order 2 with kSpec 1 and 2 (REGS_ORDER_DEFAULT 2, REGS_SPEC_DEFAULT): odd contexts (1, 17,
     255, 257, 8191, 8192, 8193 keys), lengths varying per batch row (0 included), GQA 1 / 4 / 8, seqlen_q 1..4,
     append + rotary, cache_batch_idx + leftpad and a left window (no early loads there), pages 16 and 256, at
     num_splits 0 / 1 / 3 / 40;
-  * the batch-1 rule with regs_order 2 and kSpec as a rule would ship it (separate combine, early_merge, pdl 1);
+  * the batch-1 rule as shipped (REGS_BATCH1_RULES' 8k entry: separate combine, early_merge, pdl 1, regs_order 2,
+    kSpec 1), set explicitly here and for paged rows too (no early loads there);
   * CUDA-graph replays with changing cache_seqlens (the early block used or dropped per replay).
 
     timeout 300 python -m pytest -q -x tests/test_decode_spec_gpu.py
@@ -28,7 +29,7 @@ from test_decode_staged_gpu import B1_CASES, B1_PAGED_CASES, CASES
 pytestmark = [pytest.mark.gpu]
 
 SPEC_RULE = {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1, "regs_order": 2,
-             "regs_spec": 2}
+             "regs_spec": 1}   # REGS_BATCH1_RULES' 8k entry as shipped (session 28)
 
 
 def _sm90():
@@ -37,10 +38,10 @@ def _sm90():
         pytest.skip("regs_spec with pdl: sm_90")
 
 
-def _spec_everywhere(monkeypatch):
+def _spec_everywhere(monkeypatch, spec=1):
     _options(monkeypatch, 1)
     monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", 2)
-    monkeypatch.setattr(fam_mod, "REGS_SPEC_DEFAULT", 2)
+    monkeypatch.setattr(fam_mod, "REGS_SPEC_DEFAULT", spec)
     monkeypatch.setattr(fam_mod, "REGS_BATCH1", False)   # no batch-1 rule replaces regs_order
 
 
@@ -52,20 +53,21 @@ def _spec_rule(monkeypatch):
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
 
-def _ran_spec(rule: bool = False):
+def _ran_spec(rule: bool = False, spec: int = 1):
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
-    assert plans and all(p.config.regs and p.config.regs_order == 2 and p.config.regs_spec == 2 for p in plans), \
+    assert plans and all(p.config.regs and p.config.regs_order == 2 and p.config.regs_spec == spec for p in plans), \
         [p.config.name for p in plans]
     if rule:
         assert all(p.config.pdl == 1 and p.config.early_merge and not p.config.fused_combine for p in plans)
 
 
+@pytest.mark.parametrize("spec", [1, 2], ids=lambda n: f"rsp{n}")
 @pytest.mark.parametrize("splits", [0, 1, 3, 40], ids=lambda n: f"splits{n}")
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_spec_grid(monkeypatch, case, splits):
-    _spec_everywhere(monkeypatch)
+def test_spec_grid(monkeypatch, case, splits, spec):
+    _spec_everywhere(monkeypatch, spec)
     check_case(case, splits)
-    _ran_spec()
+    _ran_spec(spec=spec)
 
 
 @pytest.mark.parametrize("splits", [0, 3], ids=lambda n: f"splits{n}")

@@ -399,7 +399,14 @@ REGS_BATCH1 = True
 # 10.34 / 10.75 / 10.17 / 10.99 / 10.54; next to a 4096 x 4096 projection (decode's share of a step) 24.52 against
 # 25.21 before, cuDNN 23.77; eager host time (b 1, 256 keys, pdl's cuLaunchKernelEx) 1.01x cuDNN's (median 1.03).
 # At 1 x 16k the fused merge stays ahead (round 2: 27.36 against 28.36 with pdl). The H200 is not measured.
-REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
+# Session 28 (dec20, logs/session28_dec20/r2, decode_b1_timing, one process, 9 shuffled rounds, H100): the entry also
+# takes the interleaved order with the split's first block loaded before the row's length is read, and Q with it
+# (regs_order 2, regs_spec 1: kSpec; regs_order 2 alone left those loads behind the length's round trip in the
+# SASS), us, 1 x 8k / 1 x 4k: regs_spec 1 11.52 / 9.36, regs_spec 2 (addresses before pdl's wait) 11.67 / 9.37,
+# regs_order 2 without kSpec 12.54 / 10.20, the session-27 entry 12.46 / 9.93, cuDNN 11.94 / 10.19 (1.036x / 1.089x
+# against 0.958x / 1.026x); the early L1 prefetch of the next block(s) on top lost (12.48, 14.23 at 8k).
+REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
+                                    "regs_order": 2, "regs_spec": 1}),
                             (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The paged batch-1 calls' counterpart of REGS_BATCH1_RULES (regs_options; page tables and prefetch still come
 # from REGS_SHAPE_RULES / REGS_PAGE_TABLE_DEFAULT / REGS_PAGED_BATCH1_PREFETCH): one batch row of at most 8192
