@@ -1424,7 +1424,7 @@ class DecodeSplitKV(Family):
                                  f"{config.head_dim}, got {problem.head_dim}")
             # early_merge stays only with the fused combine (the cp.async loop's separate combine has no early form)
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0,
+                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0, regs_spec=0,
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
@@ -1446,7 +1446,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0,
+                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0, regs_spec=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
