@@ -152,6 +152,13 @@ struct RowKeys {
         start = p.cache_leftpad ? min(max(p.cache_leftpad[b], 0), end) : 0;
         keys = end + p.seqlen_new - start;
     }
+    // the same, its reads kept after the loads issued before it in program order (ld_ordered_s32)
+    __device__ __forceinline__ RowKeys(const DecodeParams& p, int b, bool /*ordered*/) {
+        end = p.cache_seqlens ? ld_ordered_s32(p.cache_seqlens + b) : p.cache_seqlen_fixed;
+        end = min(max(end, 0), p.capacity - p.seqlen_new);
+        start = p.cache_leftpad ? min(max(ld_ordered_s32(p.cache_leftpad + b), 0), end) : 0;
+        keys = end + p.seqlen_new - start;
+    }
 };
 
 // Element offsets of cache position `pos` of batch row b in k_cache and v_cache (head 0).
@@ -1685,9 +1692,16 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              warp keeps kStaged more of its blocks in flight by 16-byte cp.asyncs into its own shared-memory
 //              ring (each lane the chunks its registers take), read back into the register sets; no kAhead,
 //              kOrder 2 or kCluster. Off in the heuristic: slower than the plain loop on the H100 (session 27)
+//   kSpec      (0: none; 1, 2: kOrder 2 only) kOrder 2's early loads, then Q's, are issued before cache_seqlens and
+//              cache_leftpad are read, and those reads stay after them (ld_ordered_s32): without it the compiler
+//              hoists the length's load and its uses (the split's range) above the early loads, which then wait
+//              for the length's round trip as the plain ones do. With kPdl the early loads still follow the wait:
+//              the stream's previous kernel may write the cache (decode_append, or the caller's own kernel).
+//              2: as 1, and the early loads' and Q's addresses (parameters only) are computed before that wait
+//              (computed_before), so with kPdl the loads follow the wait at once
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0, int kSpec = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1709,6 +1723,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
     static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
                   "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
+    static_assert(kSpec == 0 || ((kSpec == 1 || kSpec == 2) && kOrder == 2), "kSpec: 0 (none), 1 or 2, with kOrder 2");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1729,6 +1744,34 @@ decode_splitkv_regs(const DecodeParams p) {
     // lane l's 16-byte chunk c of a slot at [c][l] (kChunks chunks: its K loads, then its V loads)
     constexpr int kChunks = kTiles * (2 * kKLoads + 4 * kVLoads);
     u32x4* stage_ring = reinterpret_cast<u32x4*>(page_ids + (kPageTable ? kPageIds : 0)) + warp * kStaged * kChunks * 32 + lane;
+    // kSpec: this lane's rows of the early block (`split`, tile 0: K key g, V key 2t) and of Q, from the
+    // parameters only (kSpec 2: computed before the wait below)
+    const u16* spec_k = nullptr;
+    const u16* spec_v = nullptr;
+    const u16* spec_q[kRowTiles];
+    if constexpr (kSpec > 0) {
+        const int row_b = min(b, p.num_pages - 1);
+        const i64 pos0 = split * kBlockN + warp * kWarpN;
+        spec_k = static_cast<const u16*>(p.k_cache) + row_b * p.k_batch_stride + hkv * p.k_head_stride
+                 + (pos0 + g) * p.k_row_stride + 8 * t;
+        spec_v = static_cast<const u16*>(p.v_cache) + row_b * p.v_batch_stride + hkv * p.v_head_stride
+                 + (pos0 + 2 * t) * p.v_row_stride + 8 * g;
+        const u16* q_base = static_cast<const u16*>(p.q_rot ? p.q_rot : p.q);
+        const i64 qh_stride = p.q_rot ? p.head_dim : p.q_head_stride;
+        const i64 qr_stride = p.q_rot ? static_cast<i64>(p.nheads) * p.head_dim : p.q_row_stride;
+        const i64 qb_stride = p.q_rot ? qr_stride * p.seqlen_q : p.q_batch_stride;
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt) {
+            const int pr = r0 + 8 * rt + g, qi = pr / p.group, h = hkv * p.group + pr % p.group;
+            spec_q[rt] = q_base + b * qb_stride + qi * qr_stride + h * qh_stride + 8 * t;
+        }
+        if constexpr (kSpec == 2) {
+            computed_before(spec_k);
+            computed_before(spec_v);
+#pragma unroll
+            for (int rt = 0; rt < kRowTiles; ++rt) computed_before(spec_q[rt]);
+        }
+    }
     if constexpr (kPdl > 0) {
         if constexpr (kEarlyPrefetch || kPdl == 3) {
             // kEarlyPrefetch's rows (the block below) into L2 before the wait: an L1 line fetched before the
@@ -1796,6 +1839,19 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
+    // kSpec: Q's loads issued right after the early K/V loads (before cache_seqlens is read); the fragments
+    // are taken from q_early where Q's B fragments are built below
+    u32 q_early[kRowTiles][kKLoads][4];
+    auto load_q_early = [&]() {
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt)
+#pragma unroll
+            for (int i = 0; i < kKLoads; ++i) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) q_early[rt][i][e] = 0u;
+                ld_kv_16_if<0>(q_early[rt][i], spec_q[rt] + 32 * i, 8 * rt + g < rows_valid);
+            }
+    };
     // kOrder 2: block `split` (the split's first under kOrder's interleave when no left window
     // cuts the row) loaded before the length is known, into (k_e, v_e)
     u32 k_e[kTiles][2][kKLoads][4], v_e[kTiles][4][kVLoads][4];
@@ -1803,7 +1859,32 @@ decode_splitkv_regs(const DecodeParams p) {
     if constexpr (kOrder == 2) {
         early = !p.block_table && !p.cache_batch_idx && !p.cache_leftpad && p.window_left < 0
                 && (split + 1) * kBlockN <= p.capacity;
-        if (early) {
+        if constexpr (kSpec > 0) {   // the same rows from spec_k, spec_v, by predicated loads: no branch
+            const u64 policy_e = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first()
+                                 : kLoadHint == 6 ? l2_policy_evict_last() : 0;
+#pragma unroll
+            for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+                for (int q = 0; q < 2; ++q)
+#pragma unroll
+                    for (int i = 0; i < kKLoads; ++i) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) k_e[tile][q][i][e] = 0u;
+                        ld_kv_16_if<kLoadHint>(k_e[tile][q][i], spec_k + (16 * tile + 8 * q) * p.k_row_stride + 32 * i,
+                                               early, policy_e);
+                    }
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+#pragma unroll
+                    for (int h = 0; h < kVLoads; ++h) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) v_e[tile][q][h][e] = 0u;
+                        ld_kv_16_if<kLoadHint>(v_e[tile][q][h],
+                                               spec_v + (16 * tile + (q & 1) + 8 * (q >> 1)) * p.v_row_stride + 64 * h,
+                                               early, policy_e);
+                    }
+            }
+        } else if (early) {
             const u64 policy_e = kLoadHint == 2 || kLoadHint == 5 ? l2_policy_evict_first()
                                  : kLoadHint == 6 ? l2_policy_evict_last() : 0;
             const int row_b = min(b, p.num_pages - 1);
@@ -1826,6 +1907,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
+    if constexpr (kSpec > 0) load_q_early();   // Q too before the length's read (kSpec: ordered after these loads)
     // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
     int row_ids[kIdsPerThread];
     const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
@@ -1839,7 +1921,7 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
     }
-    const RowKeys rk(p, b);
+    const RowKeys rk = kSpec > 0 ? RowKeys(p, b, true) : RowKeys(p, b);
     const int keys = rk.keys, offset = keys - p.seqlen_q;  // query i's diagonal key: i + offset
 
     // the visible keys of some row [key_lo, key_hi) and of every row [full_lo, full_hi) of the CTA,
@@ -1879,7 +1961,10 @@ decode_splitkv_regs(const DecodeParams p) {
 #pragma unroll
         for (int i = 0; i < kKLoads; ++i) {
             u32 x[4] = {0u, 0u, 0u, 0u};
-            if (r < rows_valid) ld_kv_16<0>(x, q_row + 32 * i);
+            if constexpr (kSpec > 0) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) x[e] = q_early[rt][i][e];
+            } else if (r < rows_valid) ld_kv_16<0>(x, q_row + 32 * i);
             q_frag[rt][2 * i][0] = x[0];
             q_frag[rt][2 * i][1] = x[1];
             q_frag[rt][2 * i + 1][0] = x[2];

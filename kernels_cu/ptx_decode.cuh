@@ -117,10 +117,57 @@ __device__ __forceinline__ void ld_kv_16(u32 (&r)[4], const void* src, u64 polic
                      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "l"(src));
 }
 
+// ld_kv_16 under a predicate inside the asm (r keeps its value where `pred` is false): decode_splitkv_regs' kSpec
+// issues its early loads with no branch around them, so they share a basic block with what follows and the
+// scheduler cannot leave them behind the uses of cache_seqlens.
+template <int kHint>
+__device__ __forceinline__ void ld_kv_16_if(u32 (&r)[4], const void* src, bool pred, u64 policy = 0) {
+    static_assert(kHint >= 0 && kHint <= 6, "the K/V load hint must be in 0..6");
+    const int on = pred;
+    if constexpr (kHint == 2)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %6;}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on), "l"(policy));
+    else if constexpr (kHint == 1)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on));
+    else if constexpr (kHint == 3)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on));
+    else if constexpr (kHint == 4)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on));
+    else if constexpr (kHint == 5 || kHint == 6)
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %6;}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on), "l"(policy));
+    else
+        asm volatile("{.reg .pred p; setp.ne.b32 p, %5, 0;\n"
+                     "@p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];}"
+                     : "+r"(r[0]), "+r"(r[1]), "+r"(r[2]), "+r"(r[3]) : "l"(src), "r"(on));
+}
+
 // The cache line holding `addr` into L1 (decode_splitkv_regs' kEarlyPrefetch: the first K/V
 // block's rows requested before cache_seqlens arrives; the ld.global.nc that follows hits L1).
 __device__ __forceinline__ void prefetch_l1(const void* addr) {
     asm volatile("prefetch.global.L1 [%0];" :: "l"(addr));
+}
+
+// A 32-bit global load kept in program order (asm volatile): decode_splitkv_regs' kSpec reads cache_seqlens after
+// its speculative K/V loads, and the compiler may otherwise hoist a plain load's uses above them.
+__device__ __forceinline__ int ld_ordered_s32(const int* addr) {
+    int v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(addr));
+    return v;
+}
+
+// An empty asm that takes `x`: x is computed before the asm statements that follow (decode_splitkv_regs' kSpec 2:
+// the early loads' addresses before griddepcontrol.wait, which the compiler otherwise schedules first).
+__device__ __forceinline__ void computed_before(const void* x) {
+    asm volatile("" :: "l"(x));
 }
 
 // The cache line holding `addr` into L2 (decode_splitkv_regs' kAhead: the K/V rows of a block

@@ -17,7 +17,7 @@ their kernels on disk):
   * tests/test_decode_pair_gpu.py: the regs kernel's 2 splits as a cluster of 2 (REGS_CLUSTER_PAIRS).
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only shipped_b1,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only shipped_b1,spec_tests,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -347,6 +347,30 @@ def shipped_b1_configs():
             for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
 
 
+def spec_test_configs():
+    """tests/test_decode_spec_gpu.py (every regs call on regs_order 2 with kSpec; the batch-1 rule with them) and
+    tests/decode_spec_sanitize.py."""
+    import test_decode_spec_gpu as t
+
+    def every(case, spec):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                          REGS_ORDER_DEFAULT=2, REGS_SPEC_DEFAULT=spec, REGS_BATCH1=False)
+
+    def rule(case):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0,
+                          REGS_BATCH1_RULES=((8192, t.SPEC_RULE),) + mod.REGS_BATCH1_RULES[1:],
+                          REGS_BATCH1_PAGED_RULES=((8192, t.SPEC_RULE),))
+
+    graph = [(3, 1, [16384], 32, 8, 128, "bf16", None, {}, {})]
+    b1 = [(1, 1, [8192], 32, 8, 128, "bf16", page, {}, {}) for page in (None, 16)]
+    import decode_spec_sanitize as san
+
+    return [every(c, spec) for c in t.CASES + graph for spec in (1, 2)] + [rule(c) for c in t.B1_CASES + t.B1_PAGED_CASES + b1] + list(san.configs())
+
+
 def cluster_test_configs():
     """tests/test_decode_regs_gpu.py's cluster tests (REGS_CLUSTER_DEFAULT 2 .. 16) and
     tests/decode_cluster_sanitize.py."""
@@ -417,7 +441,7 @@ def pair_test_configs():
     return out
 
 
-GROUPS = {"shipped_b1": shipped_b1_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+GROUPS = {"shipped_b1": shipped_b1_configs, "spec_tests": spec_test_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

@@ -149,6 +149,7 @@ def test_regs_ahead(monkeypatch, case, opt, splits):
     evict-last) and regs_order 1 / 2: full, ragged and empty rows, causal at seqlen_q 2, paged (no
     prefetch, no early loads), a cache row index with leftpad, a window with appended keys."""
     regs, ahead, l1, order = opt
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1", False)   # the batch-1 rule's regs_order 2 (session 28) would replace it
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_DEFAULT", ahead)
     monkeypatch.setattr(fam_mod, "REGS_AHEAD_L1_DEFAULT", l1)
     monkeypatch.setattr(fam_mod, "REGS_ORDER_DEFAULT", order)

@@ -20,13 +20,19 @@ W4 = REGS.replace(warps=4, regs_staged=2)
 P8K = Problem("decode", "bf16", 1, 1, 8192, 32, 8, 128)
 
 
+def _no_spec(monkeypatch):
+    """REGS_BATCH1_RULES' 8k entry without regs_order 2 / regs_spec (session 28), which the staged ring excludes."""
+    first = {k: v for k, v in mod.REGS_BATCH1_RULES[0][1].items() if k not in ("regs_order", "regs_spec")}
+    monkeypatch.setattr(mod, "REGS_BATCH1_RULES", ((mod.REGS_BATCH1_RULES[0][0], first),) + mod.REGS_BATCH1_RULES[1:])
+
+
 def test_field_name_template_tail_smem():
     assert W4.name == "decode_bf16_d128_w4_n16_s3_m1_c4_fc_lf_rg1_rst2"
     assert W4.kernel_name() == ("cuflash::decode_splitkv_regs<4, 16, 1, 128, cuflash::bf16, true, true, 0, false, "
                                 "0, false, 0, 1, 0, 0, 0, 2>")
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 0>"
-    assert W4.template_args()[-1] == 2 and REGS.template_args()[-1] == 0
-    assert W4.replace(warps=8).template_args()[:-1] == REGS.template_args()[:-1]   # kStaged last
+    assert W4.template_args()[-2] == 2 and REGS.template_args()[-2] == 0   # kSpec follows
+    assert W4.replace(warps=8).template_args()[:-2] == REGS.template_args()[:-2]
     # a slot: per lane 16 bytes per load, 8 K and 8 V loads per 16-key tile at d 128 (4 and 4 at d 64)
     assert W4.smem_bytes == REGS.replace(warps=4).smem_bytes + 4 * 2 * 16 * 32 * 16
     d64 = W4.replace(head_dim=64)
@@ -59,6 +65,7 @@ def test_split_count_co_resident():
 
 
 def test_heuristic_switches(monkeypatch):
+    _no_spec(monkeypatch)
     h = FAM.heuristic(P8K, (9, 0))
     assert h.regs_staged == 0 and h.warps == 8   # off by default
     monkeypatch.setattr(mod, "REGS_STAGED_RULES", ((1, 8192, {"warps": 4, "regs_staged": 2}),))
@@ -105,6 +112,7 @@ def test_separate_combine_early_merge(monkeypatch):
     assert FAM.kernel_names(sep.replace(pdl=1))["combine"] == "cuflash::decode_combine<128, cuflash::bf16, true>"
     assert em.kernel_name() == sep.kernel_name()   # the main kernel does not see it
     assert any("regs: early_merge" in x for x in W4.replace(early_merge=True).problems(232448))
+    _no_spec(monkeypatch)
     monkeypatch.setattr(mod, "REGS_STAGED_RULES", ((1, 8192, {"warps": 4, "regs_staged": 2, "fused_combine": False,
                                                              "light_fence": False, "early_merge": True, "pdl": 1}),))
     c = FAM.heuristic(P8K, (9, 0))

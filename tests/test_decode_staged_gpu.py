@@ -51,7 +51,15 @@ CASES = [
 PAGED = {15, 16}
 
 
+def _no_spec(monkeypatch):
+    """REGS_BATCH1_RULES' 8k entry without regs_order 2 / regs_spec (session 28), which the staged ring excludes."""
+    first = {k: v for k, v in fam_mod.REGS_BATCH1_RULES[0][1].items() if k not in ("regs_order", "regs_spec")}
+    monkeypatch.setattr(fam_mod, "REGS_BATCH1_RULES",
+                        ((fam_mod.REGS_BATCH1_RULES[0][0], first),) + fam_mod.REGS_BATCH1_RULES[1:])
+
+
 def _staged(monkeypatch, staged: int, warps: int = 4, fused: bool = True):
+    _no_spec(monkeypatch)
     _options(monkeypatch, 1)
     monkeypatch.setattr(fam_mod, "REGS_STAGED_DEFAULT", staged)
     monkeypatch.setattr(fam_mod, "REGS_STAGED_RULES", ())
@@ -108,6 +116,7 @@ def test_staged_early_combine(monkeypatch, case, pdl):
     """The separate combine with its first partial-O loads before the LSE loads (the regs kernel's early_merge:
     decode_combine's kEarly), without and with pdl, at num_splits 0 (32 at 1 x 8k: two batches of 16), 3 and 40
     (past one batch of 16, splits without keys)."""
+    _no_spec(monkeypatch)
     _options(monkeypatch, 1)
     if pdl:
         import test_decode_pdl_gpu
@@ -141,6 +150,7 @@ def test_staged_cuda_graph(monkeypatch, page, staged):
 def test_staged_rule(monkeypatch, case):
     """REGS_STAGED_RULES' batch-1 entry as users call it (num_splits 0): 4 warps, ring depth 2, and the
     co-resident split rule's count (32 at 8 KV heads on 132 SMs; the call's own SM count here)."""
+    _no_spec(monkeypatch)
     monkeypatch.setattr(fam_mod, "REGS_STAGED_RULES", ((1, 8192, {"warps": 4, "regs_staged": 2}),))
     decode._drop_gpu_plans()
     monkeypatch.setattr(decode, "_gpu_plans", {})
@@ -150,6 +160,7 @@ def test_staged_rule(monkeypatch, case):
 
 # REGS_BATCH1_RULES' first entry as shipped (session 27): one batch row of at most 8192 keys, contiguous, runs the
 # regs kernel with the separate combine, launched as a programmatic dependent, its first partial-O loads early
+# (session 28: also regs_order 2 with kSpec, regs_spec 1; test_decode_spec_gpu.py)
 B1_CASES = [(1, 1, [n], 32, 8, 128, "bf16", None, {}, {}) for n in (1, 17, 255, 257, 4096, 8191, 8192)] + [
     (1, 1, [8000], 32, 4, 128, "bf16", None, {}, {}),                                     # GQA 8
     (1, 3, [5000], 16, 16, 128, "bf16", None, {}, {"causal": True}),                      # MHA, 3 query rows

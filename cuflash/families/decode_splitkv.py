@@ -399,7 +399,14 @@ REGS_BATCH1 = True
 # 10.34 / 10.75 / 10.17 / 10.99 / 10.54; next to a 4096 x 4096 projection (decode's share of a step) 24.52 against
 # 25.21 before, cuDNN 23.77; eager host time (b 1, 256 keys, pdl's cuLaunchKernelEx) 1.01x cuDNN's (median 1.03).
 # At 1 x 16k the fused merge stays ahead (round 2: 27.36 against 28.36 with pdl). The H200 is not measured.
-REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),
+# Session 28 (dec20, logs/session28_dec20/r2, decode_b1_timing, one process, 9 shuffled rounds, H100): the entry also
+# takes the interleaved order with the split's first block loaded before the row's length is read, and Q with it
+# (regs_order 2, regs_spec 1: kSpec; regs_order 2 alone left those loads behind the length's round trip in the
+# SASS), us, 1 x 8k / 1 x 4k: regs_spec 1 11.52 / 9.36, regs_spec 2 (addresses before pdl's wait) 11.67 / 9.37,
+# regs_order 2 without kSpec 12.54 / 10.20, the session-27 entry 12.46 / 9.93, cuDNN 11.94 / 10.19 (1.036x / 1.089x
+# against 0.958x / 1.026x); the early L1 prefetch of the next block(s) on top lost (12.48, 14.23 at 8k).
+REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
+                                    "regs_order": 2, "regs_spec": 1}),
                             (1 << 31, {"regs_order": 1, "regs_prefetch": True, "regs_prefetch_blocks": 3}))
 # The paged batch-1 calls' counterpart of REGS_BATCH1_RULES (regs_options; page tables and prefetch still come
 # from REGS_SHAPE_RULES / REGS_PAGE_TABLE_DEFAULT / REGS_PAGED_BATCH1_PREFETCH): one batch row of at most 8192
@@ -518,6 +525,8 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
             if problem.batch <= max_batch and problem.seqlen_k <= max_keys:
                 cfg = cfg.replace(**fields)
                 break
+    if REGS_SPEC_DEFAULT and cfg.regs_order == 2:
+        cfg = cfg.replace(regs_spec=REGS_SPEC_DEFAULT)
     if REGS_CLUSTER_DEFAULT and cfg.head_dim % (4 * REGS_CLUSTER_DEFAULT) == 0:
         return cfg.replace(regs_cluster=REGS_CLUSTER_DEFAULT, fused_combine=False, light_fence=False, splits=0,
                            regs_staged=0, early_merge=False, pdl=0)
@@ -550,6 +559,12 @@ REGS_STAGED_DEFAULT = 0    # every regs call's regs_staged (tests: paged calls t
 # {"warps": 4, "regs_staged": 2}: cuDNN's grid at 1 x 8k (num_splits_for takes the co-resident model for a
 # staged config: two 4-warp CTAs per SM, 32 splits of 256 keys at 8 KV heads on 132 SMs).
 REGS_STAGED_RULES: tuple = ()
+# regs_spec (decode_splitkv_regs' kSpec; regs_order 2): the early loads of the split's first block, then Q's, are
+# issued before cache_seqlens is read, and that read is kept after them (an ordered load): without it the compiler
+# schedules the length's load and the split's range (its divisions) above regs_order 2's early loads, which then
+# wait for the length's round trip as the plain ones do (sm_90a SASS of the 1 x 8k config, session 28).
+# REGS_SPEC_DEFAULT: every regs call of regs_order 2 (after the rules; tests), 0: none.
+REGS_SPEC_DEFAULT = 0
 REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
@@ -697,6 +712,10 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
+    regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
+              issued before cache_seqlens is read, and that read is kept after them (kSpec): without it the
+              compiler schedules the length's load and the split's range above the early loads; 2: as 1, with
+              those loads' addresses computed before pdl's wait for the previous kernel
     tma:      the Hopper loop (sm_90 only): one more warp, a producer, streams the K/V blocks by
               TMA into a ring of ``stages`` slots with full / empty mbarriers (all slots in flight),
               and the warps only compute; contiguous caches take one box of ``block_n`` keys per
@@ -738,6 +757,7 @@ class DecodeConfig(KernelConfig):
     regs_page_table: int = 0
     pdl: int = 0
     regs_staged: int = 0
+    regs_spec: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -771,7 +791,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_pb{self.regs_prefetch_blocks}" if self.regs_prefetch_blocks != 1 else "")
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
-                 + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else ""))
+                 + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else "")
+                 + (f"_rsp{self.regs_spec}" if self.regs_spec else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -804,8 +825,9 @@ class DecodeConfig(KernelConfig):
             # the trailing options at their defaults are left out
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
-                        str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged))]
-            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0"]
+                        str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged)),
+                        str(int(self.regs_spec))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -832,7 +854,7 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
-                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged))
+                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged), int(self.regs_spec))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -917,6 +939,10 @@ class DecodeConfig(KernelConfig):
         elif self.regs_staged and (not self.regs or self.regs_ahead or self.regs_order == 2 or self.regs_cluster):
             out.append("regs_staged: an option of the regs kernel (regs) without regs_ahead, regs_order 2 or "
                        "regs_cluster")
+        if self.regs_spec not in (0, 1, 2):
+            out.append(f"regs_spec must be 0, 1 or 2, got {self.regs_spec}")
+        elif self.regs_spec and (not self.regs or self.regs_order != 2):
+            out.append("regs_spec: an option of the regs kernel's regs_order 2 (regs, regs_order 2)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -1398,7 +1424,7 @@ class DecodeSplitKV(Family):
                                  f"{config.head_dim}, got {problem.head_dim}")
             # early_merge stays only with the fused combine (the cp.async loop's separate combine has no early form)
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0,
+                                    regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0, regs_spec=0,
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
@@ -1420,7 +1446,7 @@ class DecodeSplitKV(Family):
                                  warp_loads=False, page_gather=False, fused_combine=False, lean=False, bulk=0,
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
-                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0,
+                                 regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0, regs_spec=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
