@@ -22,7 +22,6 @@ from __future__ import annotations
 import struct
 import threading
 
-import numpy as np
 import torch
 
 from . import api
@@ -136,7 +135,7 @@ class _Plan:
                  total_classes):
         from cupy_backends.cuda.api import driver
 
-        from .launch import _device_fns, pack
+        from .launch import ParamsRecord, _device_fns, pack
 
         rows, n_cols = logits.shape
         self.device = logits.device.index
@@ -155,8 +154,8 @@ class _Plan:
                       logit_scale=logit_scale, scale_log2=logit_scale * _LOG2E, smoothing=smoothing,
                       smooth_per_class=smoothing / total_classes, lse_square_scale=lse_square_scale)
         # the backward has no cross-CTA step: its rows split the same way
-        self.fwd_rec = _Record(pack("CrossEntropyParams", **static))
-        self.bwd_rec = _Record(pack("CrossEntropyParams", **static))
+        self.fwd_rec = ParamsRecord(pack("CrossEntropyParams", **static))
+        self.bwd_rec = ParamsRecord(pack("CrossEntropyParams", **static))
         self.fwd_grid = self.bwd_grid = rows * self.splits
         self.combine_grid = -(-rows // _COMBINE_THREADS)
         self.lock = threading.Lock()
@@ -194,15 +193,6 @@ class _Plan:
                     self.set_device(current)
 
 
-class _Record:
-    """A packed CrossEntropyParams and the kernel-argument array that points at it."""
-    __slots__ = ("record", "bytes", "argv", "argv_ptr")
-
-    def __init__(self, record):
-        self.record = record
-        self.bytes = record.view(np.uint8)
-        self.argv = np.array([self.bytes.ctypes.data], dtype=np.uint64)
-        self.argv_ptr = int(self.argv.ctypes.data)
 
 
 # per call: the nine pointers (CrossEntropyParams' first fields), then the grad_loss, logits and

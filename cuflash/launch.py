@@ -84,6 +84,19 @@ def pack(name: str, **values) -> np.ndarray:
     return np.array([tuple(values[n] for n in dtype.names)], dtype=dtype)
 
 
+class ParamsRecord:
+    """A packed params struct (``pack``'s array) and the kernel-argument array that points at it,
+    for launchers that call the driver with one by-value struct argument (cross entropy, the
+    norms): ``argv_ptr`` is cuLaunchKernel's kernelParams; ``bytes`` the struct to patch per call."""
+    __slots__ = ("record", "bytes", "argv", "argv_ptr")
+
+    def __init__(self, record):
+        self.record = record
+        self.bytes = record.view(np.uint8)
+        self.argv = np.array([self.bytes.ctypes.data], dtype=np.uint64)
+        self.argv_ptr = int(self.argv.ctypes.data)
+
+
 def _zeroed_i32(n: int, device: int, what: str):
     """A zeroed device buffer of n int32 on ``device`` (CuPy's pool), complete before it returns
     (a synchronizing memset: the first launch may come on any stream). Not during a CUDA-graph

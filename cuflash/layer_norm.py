@@ -20,7 +20,6 @@ from __future__ import annotations
 import struct
 import threading
 
-import numpy as np
 import torch
 
 from . import api
@@ -138,15 +137,6 @@ def reference_backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, 
 from .torch_ops import _raw_stream  # noqa: E402 - (device index) -> cudaStream_t
 
 
-class _Record:
-    """A packed LayerNormParams and the kernel-argument array that points at it."""
-    __slots__ = ("record", "bytes", "argv", "argv_ptr")
-
-    def __init__(self, record):
-        self.record = record
-        self.bytes = record.view(np.uint8)
-        self.argv = np.array([self.bytes.ctypes.data], dtype=np.uint64)
-        self.argv_ptr = int(self.argv.ctypes.data)
 
 
 _PTRS = struct.Struct("<15Q")   # LayerNormParams' fifteen pointers, written per call
@@ -182,7 +172,7 @@ class _Plan:
                  fused=False):
         from cupy_backends.cuda.api import driver
 
-        from .launch import _device_fns, pack
+        from .launch import ParamsRecord, _device_fns, pack
 
         self.device = device.index
         self.rows, self.n = rows, n
@@ -214,7 +204,7 @@ class _Plan:
             rows_per_split = max(1, -(-rows // want))
             self.splits = max(1, -(-rows // rows_per_split))
         self.dw_grid = -(-n // (8 * _DW_THREADS))
-        self.rec = _Record(pack("LayerNormParams", **static_fields(rows, n, is_rms, h_from_res, self.splits,
+        self.rec = ParamsRecord(pack("LayerNormParams", **static_fields(rows, n, is_rms, h_from_res, self.splits,
                                                                    rows_per_split, eps, zero_centered)))
         self.lock = threading.Lock()
 

@@ -33,6 +33,21 @@ def padded_vocab(config) -> int:
     return math.ceil(_get(config, "vocab_size") / multiple) * multiple
 
 
+def pad_embeddings_and_head(sd, config, who: str) -> None:
+    """In place on a renamed state dict: the word embeddings and the lm_head weight (the
+    embeddings' tensor when config.tie_word_embeddings) and bias padded to the padded vocabulary."""
+    vocab = padded_vocab(config)
+    word = "transformer.embeddings.word_embeddings.weight"
+    sd[word] = pad_rows(pop(sd, word, who), vocab)
+    if _get(config, "tie_word_embeddings"):
+        sd.pop("lm_head.weight", None)
+        sd["lm_head.weight"] = sd[word]
+    else:
+        sd["lm_head.weight"] = pad_rows(pop(sd, "lm_head.weight", who), vocab)
+    if "lm_head.bias" in sd:
+        sd["lm_head.bias"] = pad_rows(sd["lm_head.bias"], vocab)
+
+
 def pad_rows(weight, rows: int, value=0.0):
     """weight (rows first) padded with `value` up to `rows` rows."""
     if weight.shape[0] > rows:

@@ -91,6 +91,7 @@ from ..modules.mha import MHA
 from ..modules.mlp import FusedMLP, Mlp
 from ..ops.layer_norm import layer_norm_fn
 from ..padding import index_first_axis, index_first_axis_residual, pad_input, unpad_input
+from ._config import ConfigReader
 
 __all__ = ["BertConfig", "BertPreTrainedModel", "BertModel", "BertForPreTraining", "BertEncoder", "BertPooler",
            "BertPredictionHeadTransform", "BertLMPredictionHead", "BertPreTrainingHeads",
@@ -102,7 +103,6 @@ logger = logging.getLogger(__name__)
 _REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 _TANH_GELU = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh")
 _ACTIVATIONS = ("gelu",) + _TANH_GELU
-_MISSING = object()
 
 
 @dataclass(init=False)
@@ -155,32 +155,8 @@ class BertConfig:
 _DEFAULTS = {f.name: f.default for f in fields(BertConfig)}
 
 
-def _get(config, name, default=_MISSING):
-    """config.name, or BertConfig's default (flash-attn's for its switches), or `default`; a
-    required attribute that is missing raises ValueError naming it."""
-    if hasattr(config, name):
-        return getattr(config, name)
-    if default is not _MISSING:
-        return default
-    if name in _DEFAULTS and name not in _REQUIRED:
-        return _DEFAULTS[name]
-    raise ValueError(f"config.{name} is missing (config: {type(config).__name__}; it needs BertConfig's attribute "
-                     f"names, at least {', '.join(_REQUIRED)})")
-
-
-def _positive_int(config, name) -> int:
-    value = _get(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"config.{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _padded_vocab(config) -> int:
-    vocab = _positive_int(config, "vocab_size")
-    multiple = _get(config, "pad_vocab_size_multiple")
-    if not isinstance(multiple, int) or multiple < 1:
-        raise ValueError(f"config.pad_vocab_size_multiple must be an int >= 1, got {multiple!r}")
-    return -(-vocab // multiple) * multiple
+_CONFIG = ConfigReader("BertConfig", _DEFAULTS, _REQUIRED)
+_get, _positive_int, _padded_vocab = _CONFIG.get, _CONFIG.positive_int, _CONFIG.padded_vocab
 
 
 def _head_dim(config) -> int:

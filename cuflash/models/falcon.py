@@ -27,7 +27,7 @@ from collections import OrderedDict
 import torch
 
 from ..api import UnsupportedFeature
-from ._hf import attr, pad_rows, padded_vocab, pop, rename
+from ._hf import attr, pad_embeddings_and_head, rename
 from .gpt import GPT2Config, _get
 
 __all__ = ["remap_state_dict_hf_falcon", "falcon_config_to_gpt2_config"]
@@ -64,16 +64,7 @@ def remap_state_dict_hf_falcon(state_dict, config):
     pad_vocab_size_multiple. Returns a new OrderedDict."""
     who = "remap_state_dict_hf_falcon"
     sd = rename(state_dict, _TABLE, who, drop=_DROP)
-    vocab = padded_vocab(config)
-    word = "transformer.embeddings.word_embeddings.weight"
-    sd[word] = pad_rows(pop(sd, word, who), vocab)
-    if _get(config, "tie_word_embeddings"):
-        sd.pop("lm_head.weight", None)
-        sd["lm_head.weight"] = sd[word]
-    else:
-        sd["lm_head.weight"] = pad_rows(pop(sd, "lm_head.weight", who), vocab)
-    if "lm_head.bias" in sd:
-        sd["lm_head.bias"] = pad_rows(sd["lm_head.bias"], vocab)
+    pad_embeddings_and_head(sd, config, who)
     n_head = _get(config, "n_head")
     n_head_kv = _get(config, "n_head_kv", None) or n_head
     for l in range(_get(config, "n_layer")):

@@ -78,6 +78,7 @@ from ..ops.fused_dense import ColumnParallelLinear
 from ..ops.layer_norm import RMSNorm, layer_norm_fn
 from ..utils.distributed import all_gather_raw, local_range, sync_shared_params
 from ..utils.generation import GenerationMixin
+from ._config import ConfigReader
 
 __all__ = ["GPT2Config", "GPTPreTrainedModel", "GPTModel", "GPTLMHeadModel", "CausalLMOutput", "create_mixer_cls",
            "create_mlp_cls", "create_block", "remap_state_dict_hf_gpt2", "shard_state_dict_tp",
@@ -97,7 +98,6 @@ _REQUIRED = ("vocab_size", "n_embd", "n_head", "n_layer")
 _GATED = {"glu": F.sigmoid, "swiglu": F.silu, "geglu": F.gelu}
 _TANH_GELU = ("gelu_new", "gelu_fast", "gelu_approx")
 _ACTIVATIONS = ("gelu",) + _TANH_GELU + ("relu", "sqrelu") + tuple(_GATED)
-_MISSING = object()
 
 
 @dataclass(init=False)
@@ -179,34 +179,8 @@ class GPT2Config:
         return dict(vars(self))
 
 
-def _get(config, name, default=_MISSING):
-    """config.name, or its GPT2Config alias, or GPT2Config's default, or `default`; a required
-    attribute that is missing raises ValueError naming it."""
-    for key in (name, _ALIASES.get(name), {v: k for k, v in _ALIASES.items()}.get(name)):
-        if key is not None and hasattr(config, key):
-            return getattr(config, key)
-    if default is not _MISSING:
-        return default
-    if name in _GPT2_DEFAULTS and name not in _REQUIRED:
-        return _GPT2_DEFAULTS[name]
-    raise ValueError(f"config.{name} is missing (config: {type(config).__name__}; it needs GPT2Config's attribute "
-                     f"names, at least {', '.join(_REQUIRED)})")
-
-
-def _positive_int(config, name) -> int:
-    value = _get(config, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"config.{name} must be a positive int, got {value!r}")
-    return value
-
-
-def _padded_vocab(config) -> int:
-    """vocab_size rounded up to pad_vocab_size_multiple."""
-    vocab = _positive_int(config, "vocab_size")
-    multiple = _get(config, "pad_vocab_size_multiple", 1)
-    if not isinstance(multiple, int) or multiple < 1:
-        raise ValueError(f"config.pad_vocab_size_multiple must be an int >= 1, got {multiple!r}")
-    return math.ceil(vocab / multiple) * multiple
+_CONFIG = ConfigReader("GPT2Config", _GPT2_DEFAULTS, _REQUIRED, _ALIASES)
+_get, _positive_int, _padded_vocab = _CONFIG.get, _CONFIG.positive_int, _CONFIG.padded_vocab
 
 
 def _head_dim(config) -> int:

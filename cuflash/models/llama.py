@@ -21,7 +21,6 @@ other than ``hidden_size / num_attention_heads`` and ``rope_scaling`` raise
 from __future__ import annotations
 
 import math
-import re
 from collections import OrderedDict
 
 import torch
