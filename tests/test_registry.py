@@ -144,10 +144,11 @@ def test_space_enumeration(family):
     assert len({family.point(c).values().__repr__() for c, _ in points}) == size
     valid = family.valid(p, MAX_SMEM_BY_ARCH[(9, 0)])
     assert 0 < len(valid) <= size
+    space_points = {repr(family.point(c)) for c, _ in points}   # once: the space's points, by their repr
     for cfg in valid:
         assert cfg.validate(MAX_SMEM_BY_ARCH[(9, 0)]) is cfg
         assert family.make(family.point(cfg), p) == cfg
-        assert all(n in [family.point(c) for c, _ in points] for n in family.neighbours(cfg))
+        assert all(repr(n) in space_points for n in family.neighbours(cfg))
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
