@@ -17,17 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuflash.models.gpt import GPT2Config, GPTLMHeadModel  # noqa: E402
+from test_models_gpt_gpu import COMMON, CONFIGS  # noqa: E402 - the same two small models
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
-COMMON = dict(vocab_size=1000, pad_vocab_size_multiple=8, n_embd=256, n_layer=2, n_head=4, resid_pdrop=0.0,
-              embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.1)
-CONFIGS = {
-    "gpt2": dict(n_positions=128),
-    "llama_gqa_rotary": dict(n_positions=0, n_head_kv=2, rotary_emb_fraction=0.5, rotary_emb_interleaved=True,
-                             rms_norm=True, activation_function="swiglu", n_inner=512, qkv_proj_bias=False,
-                             out_proj_bias=False, mlp_fc1_bias=False, mlp_fc2_bias=False, tie_word_embeddings=False),
-}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 EPS = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 
