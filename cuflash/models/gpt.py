@@ -35,7 +35,14 @@ rotary_emb_scale_base, rotary_emb_interleaved, n_head_kv`` (MQA / GQA), ``use_fl
 fused_dense_sqrelu_dense, mlp_checkpoint_lvl, fused_dropout_add_ln, residual_in_fp32, rms_norm,
 prenorm, parallel_block, parallel_block_tied_norm, tie_word_embeddings, lm_head_bias,
 pad_vocab_size_multiple, mlp_fc1_bias, mlp_fc2_bias, qkv_proj_bias, out_proj_bias,
-word_embed_proj_dim, attn_dwconv, sequence_parallel``.
+word_embed_proj_dim, attn_dwconv, sequence_parallel``, and flash-attn 2.8's later switches
+``use_alibi`` (ALiBi slopes ``get_alibi_slopes(n_head)``; needs ``use_flash_attn``),
+``window_size`` (sliding window; needs ``use_flash_attn``), ``mlp_multiple_of`` (the gated MLP's
+hidden size rounded up to it, default 128), ``norm_head`` (Baichuan 2: the lm_head rows
+unit-normalized in the forward), and muP's (BTLM) ``mup_width_scale`` (init std times its square
+root; the lm_head input times it), ``mup_embeddings_multiplier`` (the embeddings' output times it),
+``mup_output_multiplier`` (the lm_head input times it), ``mup_attn_multiplier`` (the softmax scale
+times it), ``mup_scale_qk_dot_by_d`` (softmax scale 1 / head_dim instead of 1 / sqrt(head_dim)).
 
 Where a switch asks for a fused kernel that cuflash lacks, the model runs the composition that
 computes the same thing, with the same parameters and keys (not an error):
@@ -76,7 +83,7 @@ from ..modules.mlp import FusedMLP, GatedMlp, Mlp, ParallelFusedMLP, ParallelGat
 from ..ops.activations import sqrelu_fwd
 from ..ops.fused_dense import ColumnParallelLinear
 from ..ops.layer_norm import RMSNorm, layer_norm_fn
-from ..utils.distributed import all_gather_raw, local_range, sync_shared_params
+from ..utils.distributed import all_gather, all_gather_raw, local_range, sync_shared_params
 from ..utils.generation import GenerationMixin
 from ._config import ConfigReader
 
@@ -96,7 +103,7 @@ _GPT2_DEFAULTS = dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12
                       eos_token_id=50256, tie_word_embeddings=True)
 _REQUIRED = ("vocab_size", "n_embd", "n_head", "n_layer")
 _GATED = {"glu": F.sigmoid, "swiglu": F.silu, "geglu": F.gelu}
-_TANH_GELU = ("gelu_new", "gelu_fast", "gelu_approx")
+_TANH_GELU = ("gelu_new", "gelu_fast", "gelu_approx", "gelu_pytorch_tanh")
 _ACTIVATIONS = ("gelu",) + _TANH_GELU + ("relu", "sqrelu") + tuple(_GATED)
 
 
@@ -156,6 +163,15 @@ class GPT2Config:
     lm_head_bias: bool = False
     word_embed_proj_dim: Optional[int] = None
     sequence_parallel: bool = True
+    use_alibi: bool = False
+    window_size: Any = (-1, -1)
+    mlp_multiple_of: int = 128
+    norm_head: bool = False
+    mup_width_scale: float = 1.0
+    mup_embeddings_multiplier: float = 1.0
+    mup_output_multiplier: float = 1.0
+    mup_attn_multiplier: float = 1.0
+    mup_scale_qk_dot_by_d: bool = False
 
     model_type: ClassVar[str] = "gpt2"
     attribute_map: ClassVar[dict] = dict(_ALIASES)
@@ -239,6 +255,22 @@ def check_config(config) -> None:
     if _get(config, "attn_dwconv", False):
         raise UnsupportedFeature("config.attn_dwconv: the depthwise convolution after the projections is not part "
                                  "of cuflash's MHA")
+    use_flash = _get(config, "use_flash_attn", False)
+    if _get(config, "use_alibi", False) and not use_flash:
+        raise ValueError("config.use_alibi needs config.use_flash_attn = True (the torch attention has no ALiBi)")
+    window = _get(config, "window_size", (-1, -1))
+    if (not isinstance(window, Sequence) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        raise ValueError(f"config.window_size must be (left, right) ints >= -1, got {window!r}")
+    if tuple(window) != (-1, -1) and not use_flash:
+        raise ValueError("config.window_size needs config.use_flash_attn = True (the torch attention has no window)")
+    multiple = _get(config, "mlp_multiple_of", 128)
+    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+        raise ValueError(f"config.mlp_multiple_of must be an int >= 1, got {multiple!r}")
+    for name in ("mup_width_scale", "mup_embeddings_multiplier", "mup_output_multiplier", "mup_attn_multiplier"):
+        value = _get(config, name, 1.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"config.{name} must be a number > 0, got {value!r}")
 
 
 def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dtype=None):
@@ -249,7 +281,10 @@ def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dt
     nn.Linear projections (see the module docstring)."""
     factory = dict(device=device, dtype=dtype)
     head_dim = _head_dim(config)
-    softmax_scale = head_dim ** -0.5 if _get(config, "scale_attn_weights") else 1.0
+    # muP (BTLM): 1 / head_dim instead of 1 / sqrt(head_dim), times mup_attn_multiplier
+    power = 1.0 if _get(config, "mup_scale_qk_dot_by_d", False) else 0.5
+    softmax_scale = head_dim ** -power if _get(config, "scale_attn_weights") else 1.0
+    softmax_scale *= _get(config, "mup_attn_multiplier", 1.0)
     if _get(config, "scale_attn_by_inverse_layer_idx"):
         if layer_idx is None:
             raise ValueError("config.scale_attn_by_inverse_layer_idx needs layer_idx")
@@ -264,6 +299,7 @@ def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dt
                   rotary_emb_base=_get(config, "rotary_emb_base", 10000.0),
                   rotary_emb_scale_base=_get(config, "rotary_emb_scale_base", None),
                   rotary_emb_interleaved=_get(config, "rotary_emb_interleaved", False),
+                  use_alibi=_get(config, "use_alibi", False), window_size=tuple(_get(config, "window_size", (-1, -1))),
                   use_flash_attn=_get(config, "use_flash_attn", False), **factory)
     if process_group is None:
         return partial(MHA, **common)
@@ -305,7 +341,8 @@ def create_mlp_cls(config, layer_idx=None, process_group=None, device=None, dtyp
                        checkpoint_lvl=_mlp_checkpoint_lvl(config, layer_idx), **biases, **parallel, **factory)
     if act in _GATED:
         cls = GatedMlp if process_group is None else ParallelGatedMlp
-        return partial(cls, hidden_features=n_inner, activation=_GATED[act], **biases, **parallel, **factory)
+        return partial(cls, hidden_features=n_inner, activation=_GATED[act],
+                       multiple_of=_get(config, "mlp_multiple_of", 128), **biases, **parallel, **factory)
     if act == "relu":
         activation = F.relu
     elif act == "sqrelu":
@@ -344,12 +381,17 @@ def create_block(config, layer_idx=None, process_group=None, device=None, dtype=
     return block
 
 
-def _init_weights(module, n_layer, initializer_range=0.02, rescale_prenorm_residual=True):
+def _init_weights(module, n_layer, initializer_range=0.02, mup_width_scale=1.0, rescale_prenorm_residual=True):
     """GPT-2's initialization: linear and embedding weights N(0, initializer_range²), linear
     biases zero; the residual branches' output projections (out_proj, fc2) scaled down by
-    sqrt(2 · n_layer) (two per block, Radford et al. 2019)."""
+    sqrt(2 · n_layer) (two per block, Radford et al. 2019). muP (mup_width_scale != 1): the linear
+    weights' standard deviation times sqrt(mup_width_scale), and their ``_optim`` dict gets
+    ``lr_multiplier = mup_width_scale`` (flash-attn's hint to the optimizer setup)."""
+    init_scale = math.sqrt(mup_width_scale)
     if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=initializer_range)
+        nn.init.normal_(module.weight, std=initializer_range * init_scale)
+        if mup_width_scale != 1.0:
+            module.weight._optim = {**getattr(module.weight, "_optim", {}), "lr_multiplier": mup_width_scale}
         if module.bias is not None:
             nn.init.zeros_(module.bias)
     elif isinstance(module, nn.Embedding):
@@ -357,7 +399,7 @@ def _init_weights(module, n_layer, initializer_range=0.02, rescale_prenorm_resid
     if rescale_prenorm_residual:
         for name, p in module.named_parameters():
             if name in ("out_proj.weight", "fc2.weight"):
-                nn.init.normal_(p, mean=0.0, std=initializer_range / math.sqrt(2 * n_layer))
+                nn.init.normal_(p, mean=0.0, std=initializer_range * init_scale / math.sqrt(2 * n_layer))
 
 
 class GPTPreTrainedModel(nn.Module):
@@ -437,8 +479,9 @@ class GPTModel(GPTPreTrainedModel):
                     p._shared_params = True
                     if self.sequence_parallel:
                         p._sequence_parallel = True
-        self.apply(partial(_init_weights, n_layer=_get(config, "n_layer"),
-                           initializer_range=_get(config, "initializer_range")))
+        self.embeddings_multiplier = _get(config, "mup_embeddings_multiplier", 1.0)
+        self.apply(partial(_init_weights, n_layer=_get(config, "n_layer"), initializer_range=_get(config, "initializer_range"),
+                           mup_width_scale=_get(config, "mup_width_scale", 1.0)))
         self.tie_weights()
 
     def tie_weights(self):
@@ -474,6 +517,8 @@ class GPTModel(GPTPreTrainedModel):
         split_rows = self.process_group is not None and self.sequence_parallel
         hidden_states = self.embeddings(input_ids, position_ids=position_ids,
                                         **({"combine_batch_seqlen_dim": True} if split_rows else {}))
+        if self.embeddings_multiplier != 1.0:      # muP (BTLM)
+            hidden_states = hidden_states * self.embeddings_multiplier
         mixer_kwargs = {"seqlen": input_ids.shape[1]} if split_rows else {}
         if inference_params is not None:
             mixer_kwargs["inference_params"] = inference_params
@@ -520,7 +565,12 @@ class GPTLMHeadModel(GPTPreTrainedModel, GenerationMixin):
                                  f"({world})")
             self.lm_head = ColumnParallelLinear(width, vocab, process_group, bias=lm_head_bias,
                                                 sequence_parallel=_get(config, "sequence_parallel", True), **factory)
-        init = partial(_init_weights, n_layer=_get(config, "n_layer"), initializer_range=_get(config, "initializer_range"))
+        mup_width_scale = _get(config, "mup_width_scale", 1.0)
+        # muP (BTLM): the lm_head input scaled by mup_output_multiplier · mup_width_scale
+        self.output_scale = _get(config, "mup_output_multiplier", 1.0) * mup_width_scale
+        self.norm_head = _get(config, "norm_head", False)      # Baichuan 2: lm_head rows unit-normalized
+        init = partial(_init_weights, n_layer=_get(config, "n_layer"), initializer_range=_get(config, "initializer_range"),
+                       mup_width_scale=mup_width_scale)
         self.lm_head.apply(init)
         if self.project_out is not None:
             self.project_out.apply(init)
@@ -555,7 +605,14 @@ class GPTLMHeadModel(GPTPreTrainedModel, GenerationMixin):
             hidden_states = hidden_states[:, -num_last_tokens:]
         if self.project_out is not None:
             hidden_states = self.project_out(hidden_states)
-        logits = self.lm_head(hidden_states)
+        if self.output_scale != 1.0:
+            hidden_states = hidden_states * self.output_scale
+        if not self.norm_head:
+            logits = self.lm_head(hidden_states)
+        else:
+            if isinstance(self.lm_head, ColumnParallelLinear) and self.lm_head.sequence_parallel:
+                hidden_states = all_gather(hidden_states, self.lm_head.process_group)
+            logits = F.linear(hidden_states, F.normalize(self.lm_head.weight), self.lm_head.bias)
         if isinstance(self.lm_head, ColumnParallelLinear) and inference_params is not None:
             # every rank its vocabulary columns → all of them: gathered on dim 0, then side by side
             gathered, _ = all_gather_raw(logits, self.lm_head.process_group)
