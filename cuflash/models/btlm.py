@@ -30,7 +30,7 @@ import torch
 
 from ..api import UnsupportedFeature
 from ..modules.mha import get_alibi_slopes
-from ._hf import attr, pad_embeddings_and_head, pop, rename
+from ._hf import attr, pad_embeddings_and_head, rename
 from .gpt import GPT2Config, _get
 
 __all__ = ["remap_state_dict_hf_btlm", "btlm_config_to_gpt2_config"]

@@ -63,10 +63,9 @@ dict (downloading from the Hugging Face hub is not part of cuflash). Bad configs
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections import OrderedDict, namedtuple
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, ClassVar, Optional
@@ -412,28 +411,24 @@ class GPTPreTrainedModel(nn.Module):
         self.config = config
 
     @classmethod
-    def from_pretrained(cls, model_name, config, *args, strict=True, device=None, dtype=None, world_size=1, rank=0,
-                        state_dict=None, **kwargs):
+    def from_pretrained(cls, model_name, config=None, *args, strict=True, device=None, dtype=None, world_size=1,
+                        rank=0, state_dict=None, **kwargs):
         """flash-attn's ``from_pretrained(model_name, config, ...)`` without the download: the
-        weights are ``state_dict`` if given, else the local checkpoint file ``model_name``
-        (``torch.load``, on the CPU). Hugging Face GPT-2 (``wte.`` / ``h.{i}.`` keys, with or without
-        ``transformer.``) and Llama (``model.embed_tokens.`` / ``model.layers.`` keys) state dicts are
-        remapped (flash-attn picks the remap by model name; here the keys say it), others load as
-        they are; world_size > 1: this rank's shard (``shard_state_dict_tp``)."""
-        if state_dict is None:
-            if not (isinstance(model_name, (str, os.PathLike)) and os.path.isfile(model_name)):
-                raise UnsupportedFeature(f"from_pretrained({model_name!r}): downloading from the Hugging Face hub is "
-                                         "not part of cuflash; pass state_dict=... or a local checkpoint file")
-            state_dict = torch.load(model_name, map_location="cpu", weights_only=True)
+        weights are ``state_dict`` if given, else read from ``model_name``, a local checkpoint file
+        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file) or a local
+        Hugging Face model directory (``config.json`` plus ``model.safetensors``,
+        ``pytorch_model.bin`` or their sharded ``*.index.json``). ``config`` defaults to the
+        directory's config.json converted by its family's ``*_config_to_gpt2_config``. Hugging Face
+        state dicts of every family in cuflash.models (GPT-2, Llama, GPT-NeoX, GPT-J, OPT, Falcon,
+        BigCode, Baichuan, BTLM) are remapped (flash-attn picks the remap by the hub name; here
+        config.json's ``model_type`` or, without one, the keys say it); a state dict already in
+        this model's keys loads as it is. world_size > 1: this rank's shard
+        (``shard_state_dict_tp``). A name that is no local path raises
+        ``cuflash.UnsupportedFeature`` (downloading from the hub is not part of cuflash)."""
+        from ._pretrained import resolve
+
+        config, state_dict = resolve(model_name, config, state_dict)
         model = cls(config, *args, device=device, dtype=dtype, **kwargs)
-        if not isinstance(state_dict, Mapping):
-            raise ValueError(f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
-        keys = list(state_dict)
-        if any(k.startswith(("model.embed_tokens.", "model.layers.")) for k in keys):
-            from .llama import remap_state_dict_hf_llama
-            state_dict = remap_state_dict_hf_llama(state_dict, config)
-        elif any(re.match(r"^(transformer\.)?(h\.\d+\.|wte\.)", k) for k in keys):
-            state_dict = remap_state_dict_hf_gpt2(state_dict, config)
         if dtype is not None:
             state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
         if world_size > 1:
