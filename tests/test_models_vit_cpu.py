@@ -1,0 +1,234 @@
+"""cuflash.models.vit without a GPU: VisionTransformer (flash-attn's module tree) loaded from a
+random timm-style state dict (patch Conv2d weight, ``blocks.{i}.attn.qkv`` / ``attn.proj``) must
+give the logits and features of a plain-torch ViT written here from timm's formulas (conv patch
+embedding, class token, position embedding, pre-norm blocks x + attn(norm1(x)), x + mlp(norm2(x)),
+final norm, pooling, fc_norm, head), in float64, with cuflash's attention (its float64 reference
+on the CPU, use_flash_attn=True) and the torch attention; for global_pool "token" / "avg" / "",
+class_token off, no_embed_class, pre_norm, fc_norm, the fused dropout + add + LayerNorm path and
+fused_mlp; gradients; the flash-attn-layout round trip; loading from .safetensors files and
+directories; refused arguments."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import cuflash  # noqa: E402
+from cuflash.layers.patch_embed import PatchEmbed  # noqa: E402
+from cuflash.models._checkpoint import save_safetensors  # noqa: E402
+from cuflash.models.vit import VisionTransformer, load_pretrained, vit_base_patch16_224  # noqa: E402
+
+F64 = torch.float64
+TOL = dict(atol=1e-10, rtol=1e-9)
+IMG, P, C, D, H, DEPTH, NC = (24, 16), 8, 3, 32, 4, 3, 7     # 3 × 2 patches of 8 × 8, 4 heads of 8
+
+
+def rnd(*shape, scale=0.3):
+    return torch.randn(*shape, dtype=F64) * scale
+
+
+def timm_state(class_token=True, no_embed_class=False, pre_norm=False, use_fc_norm=False, mlp_ratio=2.0):
+    n_patches = (IMG[0] // P) * (IMG[1] // P)
+    inner = int(D * mlp_ratio)
+    sd = {"patch_embed.proj.weight": rnd(D, C, P, P, scale=0.1),
+          "pos_embed": rnd(1, n_patches + (0 if no_embed_class or not class_token else 1), D),
+          "head.weight": rnd(NC, D), "head.bias": rnd(NC)}
+    if not pre_norm:
+        sd["patch_embed.proj.bias"] = rnd(D)
+    else:
+        sd["norm_pre.weight"], sd["norm_pre.bias"] = 1 + rnd(D), rnd(D)
+    if class_token:
+        sd["cls_token"] = rnd(1, 1, D)
+    final = "fc_norm." if use_fc_norm else "norm."
+    sd[final + "weight"], sd[final + "bias"] = 1 + rnd(D), rnd(D)
+    for i in range(DEPTH):
+        p = f"blocks.{i}."
+        sd.update({p + "norm1.weight": 1 + rnd(D), p + "norm1.bias": rnd(D), p + "norm2.weight": 1 + rnd(D),
+                   p + "norm2.bias": rnd(D), p + "attn.qkv.weight": rnd(3 * D, D), p + "attn.qkv.bias": rnd(3 * D),
+                   p + "attn.proj.weight": rnd(D, D), p + "attn.proj.bias": rnd(D), p + "mlp.fc1.weight": rnd(inner, D),
+                   p + "mlp.fc1.bias": rnd(inner), p + "mlp.fc2.weight": rnd(D, inner), p + "mlp.fc2.bias": rnd(D)})
+    return sd
+
+
+def ln(x, sd, prefix):
+    return F.layer_norm(x, (D,), sd[prefix + "weight"], sd[prefix + "bias"], 1e-6)
+
+
+def fp32(x):
+    """The residual stream's rounding: flash-attn's ViT keeps it in fp32 (residual_in_fp32), so a
+    float64 model rounds it to fp32 after each norm reads it."""
+    return x.float().double()
+
+
+def timm_ref(sd, img, global_pool="token", class_token=True, no_embed_class=False, pre_norm=False,
+             use_fc_norm=False, tanh_gelu=False, features=False):
+    """timm's VisionTransformer forward, written out (the residual stream rounded to fp32 where
+    flash-attn's layout rounds it)."""
+    x = F.conv2d(img, sd["patch_embed.proj.weight"], sd.get("patch_embed.proj.bias"), stride=P)
+    x = x.flatten(2).transpose(1, 2)
+    b = x.shape[0]
+    if no_embed_class:
+        x = x + sd["pos_embed"]
+        if class_token:
+            x = torch.cat([sd["cls_token"].expand(b, -1, -1), x], dim=1)
+    else:
+        if class_token:
+            x = torch.cat([sd["cls_token"].expand(b, -1, -1), x], dim=1)
+        x = x + sd["pos_embed"]
+    if pre_norm:
+        x = ln(x, sd, "norm_pre.")
+    hd = D // H
+    for i in range(DEPTH):
+        p = f"blocks.{i}."
+        t = ln(x, sd, p + "norm1.")
+        x = fp32(x)
+        q, k, v = F.linear(t, sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]).unflatten(-1, (3, H, hd)).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        a = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).softmax(-1) @ v
+        x = x + F.linear(a.transpose(1, 2).flatten(-2), sd[p + "attn.proj.weight"], sd[p + "attn.proj.bias"])
+        t = ln(x, sd, p + "norm2.")
+        x = fp32(x)
+        t = F.gelu(F.linear(t, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"]),
+                   approximate="tanh" if tanh_gelu else "none")
+        x = x + F.linear(t, sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+    if not use_fc_norm:
+        x = ln(x, sd, "norm.")
+    if features:
+        return x
+    npt = 1 if class_token else 0
+    if global_pool == "avg":
+        x = x[:, npt:].mean(1)
+    elif global_pool == "token":
+        x = x[:, 0]
+    if use_fc_norm:
+        x = ln(x, sd, "fc_norm.")
+    return F.linear(x, sd["head.weight"], sd["head.bias"])
+
+
+def make(flash=True, **kw):
+    return VisionTransformer(img_size=IMG, patch_size=P, in_chans=C, num_classes=NC, embed_dim=D, depth=DEPTH,
+                             num_heads=H, mlp_ratio=2.0, use_flash_attn=flash, dtype=F64, **kw)
+
+
+CASES = {
+    "token": dict(),
+    "avg_fc_norm": dict(global_pool="avg"),
+    "none_no_cls_no_embed_class_pre_norm": dict(global_pool="", class_token=False, no_embed_class=True, pre_norm=True),
+    "token_no_embed_class_fc_norm": dict(no_embed_class=True, fc_norm=True),
+    "avg_no_fc_norm": dict(global_pool="avg", fc_norm=False),
+    "token_fused_ln": dict(fused_dropout_add_ln=True),
+    "token_fused_mlp_bias_fc": dict(fused_mlp=True, fused_bias_fc=True),
+}
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash", "torch"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_vit_matches_timm_formulas(case, flash):
+    kw = CASES[case]
+    pool = kw.get("global_pool", "token")
+    use_fc_norm = pool == "avg" if kw.get("fc_norm") is None else kw["fc_norm"]
+    shape = dict(class_token=kw.get("class_token", True), no_embed_class=kw.get("no_embed_class", False),
+                 pre_norm=kw.get("pre_norm", False))
+    sd = timm_state(use_fc_norm=use_fc_norm, **shape)
+    m = make(flash, **kw)
+    m.load_state_dict(sd)
+    m.eval()
+    img = rnd(5, C, *IMG, scale=1.0)
+    want = timm_ref(sd, img, pool, use_fc_norm=use_fc_norm, tanh_gelu=kw.get("fused_mlp", False), **shape)
+    got = m(img)
+    assert got.shape == want.shape
+    # the fused dropout + add + LayerNorm sums into the fp32 residual before normalizing
+    tol = dict(atol=1e-5, rtol=1e-5) if kw.get("fused_dropout_add_ln") else TOL
+    assert torch.allclose(got, want, **tol), (got - want).abs().max()
+    feats = m.forward_features(img, all_tokens=True)
+    want_feats = timm_ref(sd, img, pool, use_fc_norm=use_fc_norm, tanh_gelu=kw.get("fused_mlp", False),
+                          features=True, **shape)
+    assert torch.allclose(feats, want_feats, **tol)
+    if pool == "token":      # the last layer on the class token only
+        assert m.blocks[-1].mixer.cross_attn
+        assert m.forward_features(img, all_tokens=False).shape == (5, 1, D)
+
+
+def test_vit_gradients_and_training_mode():
+    """fp64 gradients of the cuflash model equal the reference's (autograd through both), and
+    with drop rates 0 the training-mode forward equals the eval one."""
+    sd = timm_state()
+    m = make(True, drop_path_rate=0.0)
+    m.load_state_dict(sd)
+    img = rnd(3, C, *IMG, scale=1.0)
+    target = rnd(3, NC)
+    loss = ((m.train()(img) - target) ** 2).sum()
+    loss.backward()
+    ref_sd = {k: v.clone().requires_grad_(True) for k, v in sd.items()}
+    ((timm_ref(ref_sd, img) - target) ** 2).sum().backward()
+    pairs = {"patch_embed.proj.weight": m.patch_embed.proj.weight.grad.reshape(D, C, P, P),
+             "blocks.0.attn.qkv.weight": m.blocks[0].mixer.Wqkv.weight.grad,
+             "blocks.2.attn.qkv.weight": torch.cat([m.blocks[2].mixer.Wq.weight.grad, m.blocks[2].mixer.Wkv.weight.grad]),
+             "pos_embed": m.pos_embed.grad, "cls_token": m.cls_token.grad, "head.weight": m.head.weight.grad}
+    for key, got in pairs.items():
+        assert torch.allclose(got, ref_sd[key].grad, atol=1e-9, rtol=1e-8), key
+
+
+def test_vit_state_dict_round_trip_and_files(tmp_path):
+    sd = timm_state()
+    m = make(True).eval()
+    m.load_state_dict(sd)
+    ours = m.state_dict()
+    assert "blocks.2.mixer.Wq.weight" in ours and "blocks.0.mixer.Wqkv.weight" in ours
+    assert ours["patch_embed.proj.weight"].shape == (D, C * P * P)
+    assert set(sd) == {k for k in sd}                     # the given dict is not modified
+    assert "blocks.0.attn.qkv.weight" in sd and sd["patch_embed.proj.weight"].dim() == 4
+    img = rnd(2, C, *IMG, scale=1.0)
+    want = m(img)
+    again = make(False).eval()
+    again.load_state_dict(ours)
+    assert torch.allclose(again(img), want, **TOL)
+    # a .safetensors file (timm keys) and a directory holding one
+    save_safetensors(sd, tmp_path / "vit.safetensors")
+    from_file = load_pretrained(make(True).eval(), tmp_path / "vit.safetensors")
+    assert torch.equal(from_file(img), want)
+    (tmp_path / "dir").mkdir()
+    save_safetensors(sd, tmp_path / "dir" / "model.safetensors")
+    assert torch.equal(load_pretrained(make(True).eval(), str(tmp_path / "dir"))(img), want)
+    torch.save({"state_dict": sd}, tmp_path / "ckpt.pth")
+    assert torch.equal(load_pretrained(make(True).eval(), tmp_path / "ckpt.pth")(img), want)
+
+
+def test_vit_base_patch16_224():
+    m = vit_base_patch16_224(device="meta")
+    assert sum(p.numel() for p in m.parameters()) == 86_567_656       # timm's ViT-B/16 count
+    assert m.patch_embed.num_patches == 196 and m.pos_embed.shape == (1, 197, 768)
+    assert len(m.blocks) == 12 and m.blocks[0].mixer.num_heads == 12
+    with pytest.raises(cuflash.UnsupportedFeature, match="timm"):
+        vit_base_patch16_224(pretrained=True)
+    with pytest.raises(cuflash.UnsupportedFeature, match="hub"):
+        vit_base_patch16_224(pretrained="google/vit-base-patch16-224", device="meta")
+
+
+def test_patch_embed_equals_conv():
+    pe = PatchEmbed(img_size=IMG, patch_size=P, in_chans=C, embed_dim=D, dtype=F64)
+    img = rnd(2, C, *IMG)
+    conv = F.conv2d(img, pe.proj.weight.reshape(D, C, P, P), pe.proj.bias, stride=P).flatten(2).transpose(1, 2)
+    assert torch.allclose(pe(img), conv, **TOL)
+    grid = PatchEmbed(img_size=IMG, patch_size=P, in_chans=C, embed_dim=D, flatten=False, dtype=F64)(img)
+    assert grid.shape == (2, 3, 2, D)
+    with pytest.raises(ValueError, match="24, 16"):
+        pe(rnd(2, C, 16, 16))
+    with pytest.raises(ValueError, match="multiple of patch_size"):
+        PatchEmbed(img_size=20, patch_size=8)
+
+
+def test_vit_refused():
+    with pytest.raises(cuflash.UnsupportedFeature, match="LayerScale"):
+        make(init_values=1e-5)
+    with pytest.raises(cuflash.UnsupportedFeature, match="weight_init"):
+        make(weight_init="jax")
+    with pytest.raises(ValueError, match="global_pool"):
+        make(global_pool="max")
+    with pytest.raises(ValueError, match="class_token"):
+        make(class_token=False)
+    with pytest.raises(ValueError, match="num_heads"):
+        VisionTransformer(embed_dim=30, num_heads=4, depth=1, device="meta")
+    with pytest.raises(ValueError, match="state_dict"):
+        make().load_state_dict([1, 2])
