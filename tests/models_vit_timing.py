@@ -1,0 +1,172 @@
+"""ViT-B/16 (cuflash.models.vit.vit_base_patch16_224: 86.6 M parameters, 197 tokens, 12 heads of
+64) in bf16 on the GPU: a forward (eval, no grad: the last layer on the class token only) and a
+training step (forward, cross-entropy over 1000 classes, backward) at --batch 224 x 224 images.
+Peers in one process on the same weights, interleaved step by step:
+* cuflash: use_flash_attn=True and fused_dropout_add_ln=True (cuflash's attention kernels and its
+  fused dropout + add + LayerNorm kernels, as flash-attn's ViT is meant to run);
+* cuflash_ln_torch: cuflash's attention, torch's LayerNorm;
+* sdpa: the same model with torch.nn.functional.scaled_dot_product_attention in the inner
+  attention's place (self- and the last layer's cross-attention), torch's LayerNorm.
+A sanity number, not a target (not a test).
+
+    python tests/models_vit_timing.py [--batch 64] [--iters 20] [--out timing.json]
+
+Prints one line per (peer, what): median and min over --iters (CUDA events, after 3 warm-up
+steps), images/s, the peers' largest logit difference, and the attention alone at the model's
+shape (non-causal packed qkv, cuflash's flash_attn_qkvpacked_func against SDPA).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from cuflash.models.vit import vit_base_patch16_224  # noqa: E402
+
+
+class SdpaSelfAttention(torch.nn.Module):
+    """FlashSelfAttention's forward on packed qkv (batch, seqlen, 3, heads, head_dim) through SDPA."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.causal, self.softmax_scale = inner.causal, inner.softmax_scale
+
+    def forward(self, qkv, causal=None, **kwargs):
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal if causal is None else causal,
+                                             scale=self.softmax_scale)
+        return out.transpose(1, 2)
+
+
+class SdpaCrossAttention(SdpaSelfAttention):
+    """FlashCrossAttention's forward (q (batch, seqlen_q, heads, head_dim), kv (batch, seqlen_k, 2,
+    heads, head_dim)) through SDPA (non-causal here)."""
+
+    def forward(self, q, kv, causal=None, **kwargs):
+        k, v = kv.unbind(dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=self.causal if causal is None else causal,
+                                             scale=self.softmax_scale)
+        return out.transpose(1, 2)
+
+
+def build(peer: str):
+    torch.manual_seed(0)
+    m = vit_base_patch16_224(use_flash_attn=True, fused_dropout_add_ln=peer == "cuflash", device="cuda",
+                             dtype=torch.bfloat16)
+    if peer == "sdpa":
+        for block in m.blocks:
+            block.mixer.inner_attn = SdpaSelfAttention(block.mixer.inner_attn)
+            block.mixer.inner_cross_attn = SdpaCrossAttention(block.mixer.inner_cross_attn)
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    peers = ("cuflash", "cuflash_ln_torch", "sdpa")
+    models = {p: build(p) for p in peers}
+    for p in peers[1:]:
+        models[p].load_state_dict(models["cuflash"].state_dict())
+    n_params = sum(p.numel() for p in models["cuflash"].parameters())
+    img = torch.randn(args.batch, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
+    labels = torch.randint(0, 1000, (args.batch,), device="cuda")
+
+    def train_step(m):
+        m.train()
+        loss = F.cross_entropy(m(img).float(), labels)
+        loss.backward()
+        return loss
+
+    def fwd(m):
+        m.eval()
+        with torch.no_grad():
+            return m(img)
+
+    losses, logits = {}, {}
+    for name, m in models.items():          # warm-up (first calls compile cuflash's kernels)
+        for _ in range(3):
+            m.zero_grad(set_to_none=True)
+            losses[name] = train_step(m).item()
+            logits[name] = fwd(m).float()
+    torch.cuda.synchronize()
+    diff = {name: (logits[name] - logits["sdpa"]).abs().max().item() for name in peers}
+    times = {(name, what): [] for name in models for what in ("train step", "forward")}
+    for _ in range(args.iters):
+        for name, m in models.items():
+            for what, fn in (("train step", train_step), ("forward", fwd)):
+                m.zero_grad(set_to_none=True)
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn(m)
+                stop.record()
+                torch.cuda.synchronize()
+                times[(name, what)].append(start.elapsed_time(stop))
+    rows = []
+    for (name, what), ts in times.items():
+        med = statistics.median(ts)
+        row = dict(peer=name, what=what, batch=args.batch, median_ms=med, min_ms=min(ts), iters=len(ts),
+                   images_per_s=args.batch / (med / 1e3), params=n_params, loss=losses[name],
+                   max_abs_logit_diff_vs_sdpa=diff[name], device=torch.cuda.get_device_name(),
+                   torch=torch.__version__)
+        rows.append(row)
+        print(f"{name:17s} {what:10s} median {med:8.2f} ms  min {min(ts):8.2f} ms  {row['images_per_s']:8.0f} img/s")
+    print(f"params {n_params / 1e6:.2f} M; losses " + ", ".join(f"{n} {losses[n]:.5f}" for n in peers)
+          + "; max |logits - sdpa's| " + ", ".join(f"{n} {diff[n]:.3e}" for n in peers[:2])
+          + f"; peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    rows += attention_only(args)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def attention_only(args) -> list:
+    """The attention alone at the model's shape (batch, 197, 12 heads, head dim 64, non-causal,
+    packed qkv as MHA passes it): cuflash against SDPA, forward + backward and forward,
+    interleaved, median over --iters; x 12 layers is roughly the model's share (the forward's last
+    layer is a 1-query cross-attention)."""
+    from cuflash.api import flash_attn_qkvpacked_func
+
+    qkv = torch.randn(args.batch, 197, 3, 12, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(args.batch, 197, 12, 64, device="cuda", dtype=torch.bfloat16)
+    sdpa = SdpaSelfAttention(types.SimpleNamespace(causal=False, softmax_scale=None))
+    peers = {"cuflash": lambda: flash_attn_qkvpacked_func(qkv), "sdpa": lambda: sdpa(qkv)}
+    out = {name: fn() for name, fn in peers.items()}
+    err = (out["cuflash"].float() - out["sdpa"].float()).abs().max().item()
+    times = {(name, what): [] for name in peers for what in ("fwd+bwd", "fwd")}
+    for it in range(args.iters + 3):
+        for name, fn in peers.items():
+            for what in ("fwd+bwd", "fwd"):
+                qkv.grad = None
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                if what == "fwd":
+                    with torch.no_grad():
+                        fn()
+                else:
+                    fn().backward(dout)
+                stop.record()
+                torch.cuda.synchronize()
+                if it >= 3:
+                    times[(name, what)].append(start.elapsed_time(stop))
+    rows = []
+    for (name, what), ts in times.items():
+        rows.append(dict(peer=name, what=f"attention {what}", batch=args.batch, seqlen=197,
+                         median_ms=statistics.median(ts), min_ms=min(ts), iters=len(ts), max_abs_diff_vs_sdpa=err))
+        print(f"attention {name:8s} {what:8s} median {statistics.median(ts):7.3f} ms  min {min(ts):7.3f} ms "
+              f"(x 12 layers {12 * statistics.median(ts):6.2f} ms)")
+    print(f"attention output max |cuflash - sdpa| {err:.3e}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

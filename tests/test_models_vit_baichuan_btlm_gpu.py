@@ -1,0 +1,179 @@
+"""cuflash.models.vit's VisionTransformer and the Baichuan / BTLM families on the GPU in bf16 with
+use_flash_attn=True (cuflash's forward and backward kernels, head dim 64). The remaps and the
+models' formulas are checked on the CPU (tests/test_models_vit_cpu.py,
+tests/test_models_baichuan_btlm_cpu.py); here the error of the logits against the same weights
+in float64 on the CPU must be within 2x that of the same model in bf16 with the plain torch
+attention, the gradients' within 3x.
+
+* ViT: 48 x 40 images, patch 8 (30 patches + the class token: 31 tokens), embed 256, 4 heads,
+  depth 3; the last layer's class-token cross-attention (1 query over 31 keys) in the forward;
+  with and without the fused dropout + add + LayerNorm; global_pool "avg" too. Reference: the
+  float64 model on the CPU (torch attention). Also a training-mode step with dropout and drop
+  path on (finite, and different from eval).
+* Baichuan-7B-like (rotary), Baichuan-13B-like (ALiBi, 6 heads: non-power-of-two slopes) with
+  Baichuan 2's normalized head, BTLM (ALiBi, SwiGLU, muP): causal, length 77. The float64
+  reference runs cuflash's float64 CPU reference attention (ALiBi); the plain bf16 peer for the
+  ALiBi models is a plain torch ALiBi attention (bf16 matmuls, softmax in bf16) written here,
+  put in the same model's place of the inner attention (the torch attention of MHA has no
+  ALiBi)."""
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from cuflash.models import baichuan, btlm  # noqa: E402
+from cuflash.models.gpt import GPTLMHeadModel  # noqa: E402
+from cuflash.models.vit import VisionTransformer  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+NS = types.SimpleNamespace
+
+
+def max_err(got, ref):
+    return (got.double().cpu() - ref.double().cpu()).abs().max().item()
+
+
+def check(name, outs):
+    """outs: {"ref" | "flash" | "plain": (logits, [grads])}; the 2x / 3x rules."""
+    assert not outs["flash"][0].isnan().any()
+    err, base = max_err(outs["flash"][0], outs["ref"][0]), max_err(outs["plain"][0], outs["ref"][0])
+    print(f"{name}: logits error {err:.3e} (plain bf16 {base:.3e}, ratio {err / max(base, 1e-30):.2f})")
+    assert err <= 2 * base + 1e-6, f"logits: {err:.3e} > 2 x plain {base:.3e}"
+    for i, (g, r, b) in enumerate(zip(outs["flash"][1], outs["ref"][1], outs["plain"][1])):
+        assert not g.isnan().any()
+        gerr, gbase = max_err(g, r), max_err(b, r)
+        print(f"{name}: grad {i} error {gerr:.3e} (plain bf16 {gbase:.3e}, ratio {gerr / max(gbase, 1e-30):.2f})")
+        assert gerr <= 3 * gbase + 1e-6, f"grad {i}: {gerr:.3e} > 3 x plain {gbase:.3e}"
+
+
+# ---------------------------------------------------------------------------------------
+# ViT
+
+VIT = dict(img_size=(48, 40), patch_size=8, in_chans=3, num_classes=10, embed_dim=256, depth=3, num_heads=4)
+
+
+def vit(flash, dtype, device="cuda", state=None, **kw):
+    torch.manual_seed(0)
+    m = VisionTransformer(**VIT, use_flash_attn=flash, device=device, dtype=dtype, **kw)
+    if state is not None:
+        m.load_state_dict(state)
+    return m
+
+
+@pytest.mark.parametrize("case", ["token_fused_ln", "token", "avg"])
+def test_vit_bf16_vs_float64(case):
+    kw = dict(global_pool="avg") if case == "avg" else {}
+    ref = vit(False, torch.float64, device="cpu", **kw)
+    with torch.no_grad():                         # non-trivial norms and biases
+        for name, p in ref.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+    state = ref.state_dict()
+    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln=case == "token_fused_ln", **kw)
+    plain = vit(False, torch.bfloat16, state=state, **kw)
+    img = torch.randn(6, 3, 48, 40)
+    labels = torch.randint(0, 10, (6,))
+    last = "Wq" if case != "avg" else "Wqkv"
+    names = ["patch_embed.proj.weight", "blocks.0.mixer.Wqkv.weight", f"blocks.2.mixer.{last}.weight", "pos_embed"]
+    outs = {}
+    for key, m in (("ref", ref), ("flash", flash), ("plain", plain)):
+        dev, dt = m.pos_embed.device, m.pos_embed.dtype
+        logits = m.train()(img.to(dev, dt))            # drop rates 0: training mode = eval
+        loss = F.cross_entropy(logits.float(), labels.to(dev))
+        params = dict(m.named_parameters())
+        outs[key] = (logits.detach(), torch.autograd.grad(loss, [params[n] for n in names]))
+    check(f"vit {case}", outs)
+    feats = {k: m.eval().forward_features(img.to(m.pos_embed.device, m.pos_embed.dtype)).detach()
+             for k, m in (("ref", ref), ("flash", flash), ("plain", plain))}
+    err, base = max_err(feats["flash"], feats["ref"]), max_err(feats["plain"], feats["ref"])
+    print(f"vit {case}: all-token features error {err:.3e} (plain bf16 {base:.3e})")
+    assert err <= 2 * base + 1e-6
+
+
+def test_vit_dropout_drop_path_training_step():
+    m = vit(True, torch.bfloat16, drop_rate=0.1, attn_drop_rate=0.1, drop_path_rate=0.2, fused_dropout_add_ln=True)
+    img = torch.randn(8, 3, 48, 40, device="cuda", dtype=torch.bfloat16)
+    out = m.train()(img)
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+    with torch.no_grad():
+        assert not torch.equal(out, m.eval()(img))
+
+
+# ---------------------------------------------------------------------------------------
+# Baichuan / BTLM
+
+class PlainAlibiAttention(torch.nn.Module):
+    """FlashSelfAttention's forward (packed qkv (batch, seqlen, 3, heads, head_dim)) in plain
+    torch: scores in the input dtype, ALiBi bias -slope · (i - j), causal mask, softmax in the
+    input dtype."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.slopes, self.scale, self.causal = inner.alibi_slopes.float(), inner.softmax_scale, inner.causal
+
+    def forward(self, qkv, causal=None, **kwargs):
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
+        s = q.shape[2]
+        scores = (q @ k.transpose(-1, -2)) * (self.scale or q.shape[-1] ** -0.5)
+        pos = torch.arange(s, device=q.device)
+        bias = -self.slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+        scores = (scores + bias.to(scores.dtype)).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+        return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+V = 1000
+
+
+def family_configs():
+    return {
+        "baichuan_7b_like": baichuan.baichuan_config_to_gpt2_config(NS(
+            vocab_size=V, hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+            hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.1)),
+        "baichuan2_13b_like": baichuan.baichuan_config_to_gpt2_config(NS(
+            vocab_size=V, hidden_size=384, intermediate_size=1000, num_hidden_layers=2, num_attention_heads=6,
+            hidden_act="silu", rms_norm_eps=1e-6, initializer_range=0.1, use_alibi=True, norm_head=True)),
+        "btlm": btlm.btlm_config_to_gpt2_config(NS(
+            vocab_size=V, n_positions=128, n_embd=256, n_layer=2, n_head=4, n_inner=682, activation_function="swiglu",
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, initializer_range=0.1,
+            position_embedding_type="alibi", mup_width_scale=0.5, mup_embeddings_scale=4.0, mup_output_alpha=1.5,
+            mup_scale_qk_dot_by_d=True)),
+    }
+
+
+def family_model(cfg, flash, dtype, device="cuda", state=None, plain_alibi=False):
+    cfg.pad_vocab_size_multiple = 8
+    cfg.use_flash_attn = flash
+    torch.manual_seed(0)
+    m = GPTLMHeadModel(cfg, device=device, dtype=dtype)
+    if state is not None:
+        m.load_state_dict(state)
+    if plain_alibi:
+        for layer in m.transformer.layers:
+            layer.mixer.inner_attn = PlainAlibiAttention(layer.mixer.inner_attn)
+    return m.eval()
+
+
+@pytest.mark.parametrize("name", sorted(family_configs()))
+def test_family_bf16_vs_float64(name):
+    cfg = family_configs()[name]
+    alibi = cfg.use_alibi
+    ref = family_model(cfg, alibi, torch.float64, device="cpu")     # ALiBi: cuflash's float64 CPU reference
+    state = ref.state_dict()
+    flash = family_model(cfg, True, torch.bfloat16, state=state)
+    plain = family_model(cfg, alibi, torch.bfloat16, state=state, plain_alibi=alibi)
+    ids = torch.randint(0, V, (3, 77))
+    labels = torch.randint(0, V, (3, 77))
+    names = ["transformer.embeddings.word_embeddings.weight", "transformer.layers.1.mixer.Wqkv.weight"]
+    outs = {}
+    for key, m in (("ref", ref), ("flash", flash), ("plain", plain)):
+        dev = next(m.parameters()).device
+        logits = m(ids.to(dev)).logits[..., :V]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.to(dev).flatten())
+        params = dict(m.named_parameters())
+        outs[key] = (logits.detach(), torch.autograd.grad(loss, [params[n] for n in names]))
+    check(name, outs)
