@@ -5,6 +5,9 @@
 (``BertModel``, ``BertForPreTraining``, the heads, ``remap_state_dict``,
 ``inv_remap_state_dict``, a transformers-free ``BertConfig``); and the checkpoint helpers that
 run other families as ``GPTLMHeadModel``: ``cuflash.models.llama``, ``gpt_neox``, ``gptj``,
-``opt``, ``falcon``, ``bigcode`` (``remap_state_dict_hf_<family>``, ``<family>_config_to_gpt2_config``,
-and the inverse remaps ``inv_remap_state_dict_hf_llama`` / ``inv_remap_state_dict_hf_bigcode``).
+``opt``, ``falcon``, ``bigcode``, ``baichuan``, ``btlm`` (``remap_state_dict_hf_<family>``,
+``<family>_config_to_gpt2_config``, and the inverse remaps ``inv_remap_state_dict_hf_llama`` /
+``inv_remap_state_dict_hf_bigcode``); ``cuflash.models.vit`` (``VisionTransformer``,
+``vit_base_patch16_224``, timm-compatible keys). ``GPTLMHeadModel.from_pretrained`` reads a local
+Hugging Face model directory of any of these families (config.json, safetensors / bin, sharded).
 Imports torch; ``import cuflash`` does not import this package."""

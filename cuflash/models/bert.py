@@ -72,7 +72,6 @@ strict=False, i.e. nothing); bad configs raise ``ValueError`` naming the attribu
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -412,14 +411,14 @@ class BertPreTrainedModel(nn.Module):
     @classmethod
     def from_pretrained(cls, model_name, config, *inputs, state_dict=None, strict=True, **kwargs):
         """flash-attn's ``from_pretrained(model_name, config, ...)`` without the download: the
-        weights are ``state_dict`` if given, else the local checkpoint file ``model_name``
-        (``torch.load`` on the CPU). Hugging Face BERT keys (``bert.encoder.layer.``) are remapped;
-        BertModel takes the ``bert.`` keys without the prefix and leaves the heads out."""
+        weights are ``state_dict`` if given, else read from ``model_name``, a local checkpoint file
+        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file, on the CPU) or a
+        local Hugging Face model directory (``model.safetensors``, ``pytorch_model.bin`` or their
+        sharded indexes). Hugging Face BERT keys (``bert.encoder.layer.``) are remapped; BertModel
+        takes the ``bert.`` keys without the prefix and leaves the heads out."""
         if state_dict is None:
-            if not (isinstance(model_name, (str, os.PathLike)) and os.path.isfile(model_name)):
-                raise UnsupportedFeature(f"from_pretrained({model_name!r}): downloading from the Hugging Face hub is "
-                                         "not part of cuflash; pass state_dict=... or a local checkpoint file")
-            state_dict = torch.load(model_name, map_location="cpu", weights_only=True)
+            from ._checkpoint import load_state_dict_from
+            state_dict = load_state_dict_from(model_name)
         if not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
         model = cls(config, *inputs, **kwargs)

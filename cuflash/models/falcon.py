@@ -83,7 +83,8 @@ def falcon_config_to_gpt2_config(falcon_config) -> GPT2Config:
     tie_word_embeddings; or the older n_layer / n_head / n_head_kv)."""
     c, who = falcon_config, "falcon_config"
     if attr(c, "alibi", who, False):
-        raise UnsupportedFeature("falcon_config.alibi = True: GPTModel has no ALiBi switch")
+        raise UnsupportedFeature("falcon_config.alibi = True: Falcon's ALiBi (falcon-rw) scales its bias by "
+                                 "1 / sqrt(head_dim) with the scores; GPTModel's use_alibi adds ALiBi's own slopes")
     if getattr(c, "rope_scaling", None):
         raise UnsupportedFeature(f"falcon_config.rope_scaling = {c.rope_scaling!r}: scaled rotary embeddings are not "
                                  "part of cuflash's MHA")

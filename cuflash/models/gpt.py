@@ -54,8 +54,10 @@ composition).
 
 Differences from flash-attn (on the accepting side): the tensor-parallel model
 (``process_group``) does not need ``fused_bias_fc``; ``GPTPreTrainedModel`` takes any config object
-with GPT2Config's attribute names; ``from_pretrained`` reads a local checkpoint or a given state
-dict (downloading from the Hugging Face hub is not part of cuflash). Bad configs raise
+with GPT2Config's attribute names; ``from_pretrained`` reads a local checkpoint file, a local
+Hugging Face model directory (config.json converted by its family's helper; safetensors read by
+cuflash's own reader; sharded indexes) or a given state dict, and remaps every family of
+cuflash.models (downloading from the Hugging Face hub is not part of cuflash). Bad configs raise
 ``ValueError`` naming the attribute (``config.n_head``, ...) before any parameter is made;
 ``attn_dwconv`` and a ``head_dim`` other than ``n_embd / n_head`` raise
 ``cuflash.UnsupportedFeature``.
