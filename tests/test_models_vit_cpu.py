@@ -162,7 +162,8 @@ def test_vit_gradients_and_training_mode():
     ((timm_ref(ref_sd, img) - target) ** 2).sum().backward()
     pairs = {"patch_embed.proj.weight": m.patch_embed.proj.weight.grad.reshape(D, C, P, P),
              "blocks.0.attn.qkv.weight": m.blocks[0].mixer.Wqkv.weight.grad,
-             "blocks.2.attn.qkv.weight": torch.cat([m.blocks[2].mixer.Wq.weight.grad, m.blocks[2].mixer.Wkv.weight.grad]),
+             "blocks.2.attn.qkv.weight": torch.cat([m.blocks[2].mixer.Wq.weight.grad,
+                                                    m.blocks[2].mixer.Wkv.weight.grad]),
              "pos_embed": m.pos_embed.grad, "cls_token": m.cls_token.grad, "head.weight": m.head.weight.grad}
     for key, got in pairs.items():
         assert torch.allclose(got, ref_sd[key].grad, atol=1e-9, rtol=1e-8), key

@@ -477,7 +477,8 @@ class GPTModel(GPTPreTrainedModel):
                     if self.sequence_parallel:
                         p._sequence_parallel = True
         self.embeddings_multiplier = _get(config, "mup_embeddings_multiplier", 1.0)
-        self.apply(partial(_init_weights, n_layer=_get(config, "n_layer"), initializer_range=_get(config, "initializer_range"),
+        self.apply(partial(_init_weights, n_layer=_get(config, "n_layer"),
+                           initializer_range=_get(config, "initializer_range"),
                            mup_width_scale=_get(config, "mup_width_scale", 1.0)))
         self.tie_weights()
 
@@ -566,8 +567,8 @@ class GPTLMHeadModel(GPTPreTrainedModel, GenerationMixin):
         # muP (BTLM): the lm_head input scaled by mup_output_multiplier · mup_width_scale
         self.output_scale = _get(config, "mup_output_multiplier", 1.0) * mup_width_scale
         self.norm_head = _get(config, "norm_head", False)      # Baichuan 2: lm_head rows unit-normalized
-        init = partial(_init_weights, n_layer=_get(config, "n_layer"), initializer_range=_get(config, "initializer_range"),
-                       mup_width_scale=mup_width_scale)
+        init = partial(_init_weights, n_layer=_get(config, "n_layer"),
+                       initializer_range=_get(config, "initializer_range"), mup_width_scale=mup_width_scale)
         self.lm_head.apply(init)
         if self.project_out is not None:
             self.project_out.apply(init)

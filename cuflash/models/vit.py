@@ -261,7 +261,8 @@ class VisionTransformer(nn.Module):
 def load_pretrained(model: VisionTransformer, source, strict=True):
     """Loads ``source`` into ``model``: a state dict, a local checkpoint file (``.safetensors`` or
     a ``torch.save`` file) or a local directory holding one (``model.safetensors``,
-    ``pytorch_model.bin`` or their sharded indexes). Returns the model. Anything else (a hub name) raises cuflash.UnsupportedFeature."""
+    ``pytorch_model.bin`` or their sharded indexes). Returns the model. Anything else (a hub
+    name) raises cuflash.UnsupportedFeature."""
     from ._checkpoint import load_state_dict_from
 
     state_dict = source if isinstance(source, Mapping) else load_state_dict_from(source)
