@@ -18,12 +18,13 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_models_baichuan_btlm_cpu as bb  # noqa: E402
 import test_models_families_cpu as fam  # noqa: E402
+import test_models_gpt_cpu as g  # noqa: E402
 
 import cuflash  # noqa: E402
 from cuflash.models import baichuan, gpt_neox  # noqa: E402
 from cuflash.models._checkpoint import load_safetensors, load_state_dict_from, save_safetensors  # noqa: E402
 from cuflash.models._pretrained import family_from_keys  # noqa: E402
-from cuflash.models.gpt import GPTLMHeadModel  # noqa: E402
+from cuflash.models.gpt import GPT2Config, GPTLMHeadModel  # noqa: E402
 
 F64 = torch.float64
 NS = types.SimpleNamespace
@@ -117,7 +118,20 @@ def btlm_():
     return "btlm", c, bb.btlm_state(c), lambda sd, ids: bb.btlm_ref(sd, c, ids), bb.V
 
 
-FAMILIES = {"gpt_neox": neox, "gptj": gptj, "opt": opt, "falcon": falcon, "gpt_bigcode": bigcode,
+def gpt2():
+    c = NS(**g.TINY, layer_norm_epsilon=1e-5, activation_function="gelu_new")
+    sd = {"transformer." + k: v for k, v in g.hf_gpt2_state(GPT2Config(**g.TINY)).items()}
+    ref = lambda sd, ids: g.plain_gpt2({k[len("transformer."):]: v for k, v in sd.items()},  # noqa: E731
+                                       GPT2Config(**g.TINY), ids)
+    return "gpt2", c, sd, ref, g.TINY["vocab_size"]
+
+
+def llama():
+    c = g.llama_cfg()
+    return "llama", c, g.hf_llama_state(c), lambda sd, ids: g.plain_llama(sd, c, ids), c.vocab_size
+
+
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gpt_neox": neox, "gptj": gptj, "opt": opt, "falcon": falcon, "gpt_bigcode": bigcode,
             "baichuan": baichuan13, "btlm": btlm_}
 STORAGE = ("safetensors", "sharded", "bin")
 
@@ -149,7 +163,8 @@ def test_from_pretrained_directory(family, tmp_path):
     ids = torch.randint(0, vocab, (2, 9))
     got = m(ids).logits[..., :vocab]
     want = ref(sd, ids)
-    assert torch.allclose(got, want, atol=1e-9, rtol=1e-8), (family, storage, (got - want).abs().max())
+    tol = g.ROTARY_TOL if family == "llama" else dict(atol=1e-9, rtol=1e-8)    # fp32 rotary tables
+    assert torch.allclose(got, want, **tol), (family, storage, (got - want).abs().max())
     assert family_from_keys(sd) == model_type
 
 
