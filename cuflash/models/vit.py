@@ -88,7 +88,7 @@ def create_block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop
                  layer_idx=None, n_layer=None, last_layer_subset=False, device=None, dtype=None):
     """flash-attn's: a pre-norm Block with the residual in fp32; the last layer's mixer a
     cross-attention with last_layer_subset."""
-    factory = dict(device=device, dtype=dtype)
+    factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
     mixer_cls = create_mixer_cls(num_heads, qkv_bias, attn_drop_rate, use_flash_attn, fused_bias_fc,
                                  cross_attn=last_layer_subset and layer_idx == n_layer - 1, **factory)
     mlp_cls = create_mlp_cls(embed_dim, mlp_ratio, act_layer, fused_mlp, **factory)
@@ -115,7 +115,8 @@ class VisionTransformer(nn.Module):
                  use_flash_attn=False, fused_bias_fc=False, fused_mlp=False, fused_dropout_add_ln=False, device=None,
                  dtype=None):
         super().__init__()
-        factory = dict(device=device, dtype=dtype)
+        # only the keywords given, so a norm_layer / embed_layer without device / dtype still works
+        factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
         if global_pool not in _POOLS:
             raise ValueError(f"global_pool must be one of {list(_POOLS)}, got {global_pool!r}")
         if global_pool == "token" and not class_token:
