@@ -97,10 +97,21 @@ def create_block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop
                  fused_dropout_add_ln=fused_dropout_add_ln, residual_in_fp32=True)
 
 
+def _trunc_normal_fp32_(t, std=0.02):
+    """trunc_normal_(t, std) (bounds ±2, timm's) drawn in fp32 and copied into t: drawn in bf16 /
+    fp16 on the GPU, about 1 in 500 of the uniform samples rounds to ±1, which erfinv turns into
+    ±inf and the clamp into ±2 (100 standard deviations)."""
+    if t.dtype in (torch.float32, torch.float64):
+        return trunc_normal_(t, std=std)
+    with torch.no_grad():
+        return t.copy_(trunc_normal_(torch.empty(t.shape, dtype=torch.float32, device=t.device), std=std))
+
+
 def init_weights_vit_timm(module: nn.Module, name: str = "") -> None:
-    """timm's original ViT init: linear weights truncated normal (std 0.02), biases zero."""
+    """timm's original ViT init: linear weights truncated normal (std 0.02, drawn in fp32), biases
+    zero."""
     if isinstance(module, nn.Linear):
-        trunc_normal_(module.weight, std=0.02)
+        _trunc_normal_fp32_(module.weight, std=0.02)
         if module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -173,7 +184,7 @@ class VisionTransformer(nn.Module):
         layers by init_weights_vit_timm."""
         if mode != "":
             raise UnsupportedFeature(f"weight_init={mode!r}: only timm's default init ('') is provided")
-        trunc_normal_(self.pos_embed, std=0.02)
+        _trunc_normal_fp32_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         self.apply(init_weights_vit_timm)
