@@ -131,8 +131,8 @@ def llama():
     return "llama", c, g.hf_llama_state(c), lambda sd, ids: g.plain_llama(sd, c, ids), c.vocab_size
 
 
-FAMILIES = {"gpt2": gpt2, "llama": llama, "gpt_neox": neox, "gptj": gptj, "opt": opt, "falcon": falcon, "gpt_bigcode": bigcode,
-            "baichuan": baichuan13, "btlm": btlm_}
+FAMILIES = {"gpt2": gpt2, "llama": llama, "gpt_neox": neox, "gptj": gptj, "opt": opt, "falcon": falcon,
+            "gpt_bigcode": bigcode, "baichuan": baichuan13, "btlm": btlm_}
 STORAGE = ("safetensors", "sharded", "bin")
 
 
