@@ -325,6 +325,14 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
 entries: dict = {}   # layer_norm_fn's call key -> Entry
 
 
+def _poison(*tensors) -> None:
+    """api.POISON_OUTPUTS (a test hook): outputs NaN before the launch, so anything the kernel
+    misses shows."""
+    for t in tensors:
+        if t is not None:
+            t.fill_(float("nan"))
+
+
 class Entry:
     """One eager call key: rows, n and the flags; the plans (forward; backward per FUSED_DW) made on
     first use per access width (16-byte accesses or one element at a time), each with its launch
@@ -374,10 +382,8 @@ class Entry:
         y = torch.empty_like(x)
         res_out = torch.empty_like(x, dtype=self.res_dtype) if self.write_res else None
         stats = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
-        if api.POISON_OUTPUTS:   # test hook: anything the kernel misses shows as NaN
-            for t in (y, res_out, stats):
-                if t is not None:
-                    t.fill_(float("nan"))
+        if api.POISON_OUTPUTS:
+            _poison(y, res_out, stats)
         xp, wp, yp, sp = x.data_ptr(), weight.data_ptr(), y.data_ptr(), stats.data_ptr()
         bp = 0 if bias is None else bias.data_ptr()
         rp = 0 if residual is None else residual.data_ptr()
@@ -395,9 +401,7 @@ class Entry:
         db = torch.empty_like(weight) if self.has_bias else None
         dres = torch.empty_like(dy, dtype=self.res_dtype) if self.has_residual else None
         if api.POISON_OUTPUTS:
-            for t in (dx, dw, db, dres):
-                if t is not None:
-                    t.fill_(float("nan"))
+            _poison(dx, dw, db, dres)
         dyp, hp, wp, dxp = dy.data_ptr(), h.data_ptr(), weight.data_ptr(), dx.data_ptr()
         rp = 0 if residual is None else residual.data_ptr()
         dop = 0 if dres_out is None else dres_out.data_ptr()
