@@ -337,7 +337,8 @@ def layer_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=N
     (``EAGER_CACHE``; cuflash.layer_norm.Entry)."""
     key = None
     if x1 is None and weight1 is None and rowscale is None and out is None and residual_out is None \
-            and out_dtype is None and dropout_p == 0.0 and not return_dropout_mask and EAGER_CACHE and USE_KERNELS:
+            and out_dtype is None and dropout_p == 0.0 and not return_dropout_mask and EAGER_CACHE and USE_KERNELS \
+            and not torch.compiler.is_compiling():   # (compiling: the torch ops, traced through the checked route)
         try:
             key = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device,
                    None if bias is None else (bias.shape, bias.dtype, bias.device),
@@ -346,14 +347,14 @@ def layer_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=N
             entry = _ln.entries.get(key)
         except (AttributeError, TypeError):   # not tensors, an unhashable eps: the checks below name it
             key = entry = None
-        if entry is not None and not torch.compiler.is_compiling():
+        if entry is not None:
             return _fast_call(entry, x, weight, bias, residual, prenorm)
     _check_args(x, weight, bias, residual, x1, weight1, bias1, eps, dropout_p, rowscale)
     if zero_centered_weight and weight is None:
         raise ValueError("zero_centered_weight needs weight (got weight=None)")
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise ValueError(f"out_dtype must be a torch.dtype or None, got {out_dtype!r}")
-    if key is not None and not torch.compiler.is_compiling():
+    if key is not None:
         res_dtype = residual.dtype if residual is not None else torch.float32 if residual_in_fp32 else x.dtype
         if x.numel() and _ln.kernel_takes(x, weight, bias, residual, res_dtype):   # a CUDA call of the kernels
             entry = _ln.entries[key] = _ln.Entry(x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight,
