@@ -338,7 +338,7 @@ class Entry:
     first use per access width (16-byte accesses or one element at a time), each with its launch
     steps."""
     __slots__ = ("rows", "n", "dtype", "res_dtype", "w_dtype", "device", "index", "is_rms", "eps", "zero_centered",
-                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd")
+                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "scratch")
 
     def __init__(self, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype):
         self.n = n = x.shape[-1]
@@ -352,6 +352,7 @@ class Entry:
         self.h_from_res = self.write_res and res_dtype == torch.float32
         self.n8 = n % 8 == 0
         self.fwd, self.bwd = {}, {}
+        self.scratch = None   # forward's statistics nobody reads (keep_stats=False)
 
     def _fwd_plan(self, vector):
         got = self.fwd.get(vector)
@@ -376,12 +377,19 @@ class Entry:
             got = self.bwd[key] = (plan, steps)
         return got
 
-    def forward(self, x, weight, bias, residual):
+    def forward(self, x, weight, bias, residual, keep_stats=True):
         """(y, residual_out or None, stats): x / residual contiguous in x's shape; stats (2 · rows,)
-        fp32, the rows' means then their rstds."""
+        fp32, the rows' means then their rstds. keep_stats=False (no backward will read them): the
+        statistics go to the entry's scratch buffer, written by every such call and read by none (so
+        calls on several streams at once may share it), one allocation fewer per call."""
         y = torch.empty_like(x)
         res_out = torch.empty_like(x, dtype=self.res_dtype) if self.write_res else None
-        stats = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+        if keep_stats:
+            stats = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+        else:
+            stats = self.scratch
+            if stats is None:
+                stats = self.scratch = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
         if api.POISON_OUTPUTS:
             _poison(y, res_out, stats)
         xp, wp, yp, sp = x.data_ptr(), weight.data_ptr(), y.data_ptr(), stats.data_ptr()

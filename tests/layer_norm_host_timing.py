@@ -5,7 +5,8 @@ peers, on small (host-bound) CUDA tensors, interleaved in rounds in one process
 Speed is reported, never asserted.
 
 For each: the forward with nothing to differentiate (``fwd``) and forward + backward (``fwdbwd``:
-the output's gradient through ``torch.autograd.grad``, no accumulation into ``.grad``). The norms
+the output's gradient through ``torch.autograd.grad``, no accumulation into ``.grad``); for RMSNorm
+also the forward that autograd records, without its backward (``fwdgrad``). The norms
 also run their checked route (``EAGER_CACHE = False``: the argument checks, the route and the plan
 lookup of every call, as before the fast path) and torch's: ``F.rms_norm`` / ``F.layer_norm``, and
 ``x + r`` then ``F.rms_norm`` for the residual case.
@@ -81,8 +82,11 @@ def fns(rows, n, vocab, dt):
                                  dy), "torch_rms_res",
                     lambda: grad(F.rms_norm(xg + rg, (n,), wg, EPS), (xg, wg, rg), dy)),
     }
+    fwdgrad = {   # the forward with autograd recording, no backward (fwdbwd - fwdgrad: the backward's share)
+        "rms": (lambda: ops.rms_norm_fn(xg, wg, None, eps=EPS), "torch_rms", lambda: F.rms_norm(xg, (n,), wg, EPS)),
+    }
     out = {}
-    for kind, table in (("fwd", nograd), ("fwdbwd", withgrad)):
+    for kind, table in (("fwd", nograd), ("fwdgrad", fwdgrad), ("fwdbwd", withgrad)):
         for name, (fn, tname, tfn) in table.items():
             out[f"{kind} {name} cuflash"] = (fn, _none)
             out[f"{kind} {name} checked"] = (fn, _checked)

@@ -396,6 +396,7 @@ def test_fast_path_repeat_call_checks_nothing(fake_gpu, monkeypatch):
     assert len(plan.launches) == 2 and len(steps) == 1 and steps[0][1] == 6
     assert ptrs[:6] == (x2.data_ptr(), r.data_ptr(), w.data_ptr(), 0, y2.data_ptr(), res2.data_ptr())
     assert ptrs[7] == ptrs[6] + 4 * 6 and ptrs[8:] == (0,) * 7
+    assert plan.launches[0][0][6] == ptrs[6] == entry.scratch.data_ptr()   # no backward: the entry's scratch stats
 
 
 @pytest.mark.parametrize("change", ["eps", "dtype", "shape", "bias", "residual", "rms", "fp32", "zero_centered"])
@@ -446,6 +447,8 @@ def test_fast_path_autograd(fake_gpu):
     y, res = layer_norm_fn(x, w, b, residual=r, prenorm=True)
     (fwd_plan,) = fake_gpu
     fptrs, _ = fwd_plan.launches[-1]
+    (entry,) = ln_kernels.entries.values()
+    assert entry.scratch is None   # the backward's statistics: a tensor of the call's own
     dy, dres = _bf(3, 64), _bf(3, 64)
     gx, gw, gb, gr = torch.autograd.grad((y, res), (x, w, b, r), (dy, dres))
     assert [t.shape for t in (gx, gw, gb, gr)] == [x.shape, w.shape, b.shape, r.shape]

@@ -235,3 +235,44 @@ def test_fast_path_is_the_checked_route(monkeypatch, rms, case):
     want = layer_norm_fn(leaves[0], *leaves[1:3], residual=leaves[3], **opts)
     for a, b in zip(got if opts["prenorm"] else [got], want if opts["prenorm"] else [want]):
         assert torch.equal(a, b)
+
+
+def test_cuda_graph_replay():
+    """The eager fast path inside a CUDA graph (entries made by the warm-up on a side stream, as torch
+    asks): replays with new input values give the eager outputs, forward without autograd and
+    forward + backward."""
+    torch.manual_seed(12)
+    n, rows, dt = 1024, 16, torch.bfloat16
+    x, w, _, r = inputs(dt, dt, n, rows, False, True)
+    xg = x.clone().requires_grad_(True)
+    dy = torch.randn(rows, n, device="cuda", dtype=dt)
+
+    def step():
+        with torch.no_grad():
+            y, res = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        y2 = layer_norm_fn(xg, w, None, is_rms_norm=True)
+        (dx,) = torch.autograd.grad(y2, (xg,), dy)
+        return y, res, y2.detach(), dx
+
+    ln_kernels.entries.clear()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(ln_kernels.entries) == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for _ in range(2):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+            r.copy_(torch.randn_like(r))
+            xg.copy_(torch.randn_like(x))
+            dy.copy_(torch.randn_like(dy))
+        graph.replay()
+        want = step()
+        torch.cuda.synchronize()
+        for a, b in zip(outs, want):
+            assert torch.equal(a, b)

@@ -257,7 +257,7 @@ def _fast_call(entry, x, weight, bias, residual, prenorm):
         out = _EntryNormFn.apply(entry, x, weight.contiguous(), None if bias is None else bias.contiguous(), residual)
         y, res = out if entry.write_res else (out, None)
     else:
-        y, res, _ = entry.forward(x, weight.contiguous(), None if bias is None else bias.contiguous(), residual)
+        y, res, _ = entry.forward(x, weight.contiguous(), None if bias is None else bias.contiguous(), residual, False)
     if not prenorm:
         return y
     return y, x0 if res is None else res
