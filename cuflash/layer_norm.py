@@ -29,6 +29,10 @@ Tensor = torch.Tensor
 
 _KERNEL_TYPES = {torch.bfloat16: "cuflash::bf16", torch.float16: "cuflash::fp16", torch.float32: "float"}
 CHUNKS = 4                      # kChunks: 8-element chunks per thread (32 row elements in registers)
+# kChunks of the fused backward (layer_norm_bwd) where a CTA of at most MAX_THREADS holds the row at it
+# (n <= 8192): 2 chunks a thread hold half the registers of 4 (64 against 128 a thread on sm_90), so
+# twice the warps fit on an SM (session 29, ln3: the H200 round 2 A/B)
+BWD_CHUNKS = 2
 MAX_THREADS = 512               # CTA sizes: multiples of 32 up to this
 MAX_N = MAX_THREADS * CHUNKS * 8   # 16384: longer rows take the composition
 _DW_THREADS = 128               # kLnDwThreads
@@ -43,29 +47,44 @@ FUSED_DW = True
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
-def fused_smem(threads: int) -> int:
+def fused_smem(threads: int, chunks: int = None) -> int:
     """layer_norm_bwd's dynamic shared memory: Σ dy · x̂ and Σ dy, fp32, per column of the row."""
-    return 2 * CHUNKS * 8 * threads * 4
+    return 2 * (CHUNKS if chunks is None else chunks) * 8 * threads * 4
 
 
-def threads_for(n: int) -> int:
-    """The CTA size of a row of n: the fewest whole warps that hold it in registers (12288: 384
-    threads, every one of them busy)."""
+def threads_for(n: int, chunks: int = None) -> int:
+    """The CTA size of a row of n at ``chunks`` (default CHUNKS) 8-element chunks a thread: the
+    fewest whole warps that hold it in registers (12288: 384 threads, every one of them busy)."""
     if n > MAX_N:
         raise ValueError(f"rows of {n} features exceed the kernels' {MAX_N}")
-    return 32 * max(1, -(-n // (32 * CHUNKS * 8)))
+    return 32 * max(1, -(-n // (32 * (CHUNKS if chunks is None else chunks) * 8)))
 
 
-def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
+def plan_chunks(n: int, fused: bool) -> int:
+    """kChunks of a plan's module: BWD_CHUNKS for the fused backward where a CTA of at most
+    MAX_THREADS holds the row at it, else CHUNKS."""
+    if fused and threads_for(n, BWD_CHUNKS) <= MAX_THREADS:
+        return BWD_CHUNKS
+    return CHUNKS
+
+
+def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool, chunks: int = None) -> tuple:
     """The name expressions of one module: forward, backward dx, backward dw partials, dw finish,
-    the fused backward (dx and the dw partials)."""
+    the fused backward (dx and the dw partials); ``chunks`` kChunks (default CHUNKS)."""
     e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
     v = "true" if vector else "false"
-    return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
-            f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
+    c = CHUNKS if chunks is None else chunks
+    return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {c}, {v}>",
+            f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {c}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
             f"cuflash::layer_norm_bwd_dw_finish<{w}>",
-            f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>")
+            f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {c}, {v}>")
+
+
+def module_shapes(n: int) -> list:
+    """The (threads, chunks) of the modules a row of n loads: the forward's (and the two-pass
+    backward's), then the fused backward's when it differs."""
+    return list(dict.fromkeys((threads_for(n, c), c) for c in (CHUNKS, plan_chunks(n, True))))
 
 
 # python -m cuflash warmup --helpers layer_norm: the widths (features per row) it compiles for, as
@@ -83,8 +102,8 @@ def warm_modules(dtypes, widths=WARM_WIDTHS) -> list:
             continue
         f32 = torch.float32
         combos = dict.fromkeys(((dt, dt, dt), (dt, dt, f32), (dt, f32, dt)))
-        for t in dict.fromkeys(threads_for(n) for n in widths):
-            out += [compile_mod.HelperModule("layer_norm", kernel_names(*c, t, True)) for c in combos]
+        for t, ch in dict.fromkeys(s for n in widths for s in module_shapes(n)):
+            out += [compile_mod.HelperModule("layer_norm", kernel_names(*c, t, True, ch)) for c in combos]
     return list(dict.fromkeys(out))
 
 
@@ -177,14 +196,15 @@ class _Plan:
 
         self.device = device.index
         self.rows, self.n = rows, n
-        self.threads = threads_for(n)
-        exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector)
+        chunks = plan_chunks(n, fused)
+        self.threads = threads_for(n, chunks)
+        exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector, chunks)
         self.launch = driver.launchKernel
         self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
         self.fwd, self.bwd_dx, self.bwd_dw, self.finish, self.bwd = fns
         self.fused = fused = bool(fused)
-        self.smem = fused_smem(self.threads) if fused else 0
+        self.smem = fused_smem(self.threads, chunks) if fused else 0
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         if fused:   # one CTA per resident slot (occupancy of layer_norm_bwd), each a partials row
             current = self.get_device()
@@ -230,7 +250,7 @@ def _vector(n, *tensors) -> bool:
 def _plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
           fused=False):
     key = (rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res, CHUNKS,
-           DW_CTAS_PER_SM, fused)
+           BWD_CHUNKS, DW_CTAS_PER_SM, fused)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _Plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered,

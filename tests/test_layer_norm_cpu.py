@@ -189,6 +189,9 @@ def instantiations():
         for t in (32, 256, 512):
             for v in (True, False):
                 out += ln_kernels.kernel_names(*combo, t, v)
+    for combo in ((bf, bf, bf), (bf, f32, f32), (f32, f32, f32)):   # the fused backward at BWD_CHUNKS
+        for t in (64, 512):
+            out += ln_kernels.kernel_names(*combo, t, True, ln_kernels.BWD_CHUNKS)
     return list(dict.fromkeys(out))
 
 
@@ -283,7 +286,9 @@ def test_fused_plan_mocked(monkeypatch):
     args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
     plan = ln_kernels._Plan(16384, 4096, *args, True)
     assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132
-    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 128, 32768) and not attrs
+    # the fused backward at BWD_CHUNKS (2) chunks a thread: 256 threads for 4096, the same shared memory
+    assert ln_kernels.BWD_CHUNKS == 2 and plan.threads == 256
+    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 256, 32768) and not attrs
     assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
     big = ln_kernels._Plan(16384, 16384, *args, True)
     assert big.threads == 512 and big.smem == 131072 and attrs == [(5, 8, 131072)]
@@ -305,7 +310,9 @@ def test_warm_modules_are_the_calls(monkeypatch):
     assert all(isinstance(m, compile_mod.HelperModule) and m.source == "layer_norm" for m in mods)
     threads = sorted({ln_kernels.threads_for(n) for n in ln_kernels.WARM_WIDTHS})
     assert threads == [32, 64, 96, 128, 160, 256, 384, 512]
-    assert len(mods) == len(threads) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
+    shapes = {s for n in ln_kernels.WARM_WIDTHS for s in ln_kernels.module_shapes(n)}
+    assert (192, 2) in shapes and (512, 4) in shapes and (512, 2) in shapes   # 3072: the backward at 2 chunks
+    assert len(mods) == len(shapes) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
     asked = []
     monkeypatch.setattr(compile_mod, "get_helper_functions",
                         lambda src, names, dev: asked.append(compile_mod.HelperModule(src, tuple(names)))
@@ -320,7 +327,8 @@ def test_warm_modules_are_the_calls(monkeypatch):
     bf, f32 = torch.bfloat16, torch.float32
     for n in ln_kernels.WARM_WIDTHS:
         for combo in ((bf, bf, bf), (bf, bf, f32), (bf, f32, bf), (f32, f32, f32)):
-            ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, ln_kernels.FUSED_DW)
+            for fused in (False, ln_kernels.FUSED_DW):   # the forward's plan, the backward's
+                ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, fused)
     assert asked and set(asked) == set(mods)
 
 
