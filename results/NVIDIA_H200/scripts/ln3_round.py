@@ -4,15 +4,16 @@
 tests/layer_norm_precompile.py's (the GPU tests, the sanitizer workload), the cross-entropy modules
 (bf16, fp16, fp32: the host timing, tests/test_cross_entropy_gpu.py), rotary's bf16 ones, the A/B
 widths' modules of main's layer_norm.cu (``ln3_layer_norm_main.cu.txt``, run from a copy of kernels_cu/
-with it as layer_norm.cu) and the experiment's (2 chunks per thread).
+with it as layer_norm.cu).
 
 ``ab``: kernel time of main's layer_norm.cu against this branch's, in one process, CUDA events,
 interleaved (cuflash.timing.time_interleaved), RMSNorm bf16, x and weight bf16, no residual: the
 forward, the fused backward (the default) and the two-pass backward (FUSED_DW = False: its dx
 kernel is the one whose SASS moved), launched by their plans directly (no host path); and
-F.rms_norm forward / forward + backward (autograd) as the peer. An experiment at 2048 / 4096 / 8192:
-the forward and the fused backward with 2 chunks per thread and twice the threads (``c2``; the backward
-holds 128 registers a thread at 4 chunks, 16 warps an SM).
+F.rms_norm forward / forward + backward (autograd) as the peer. Round 2 (07be461) ran an experiment
+here: the fused backward at 2 chunks a thread, twice the threads (128 registers a thread at 4 chunks,
+16 warps an SM); it became the branch's default (cuflash.layer_norm.BWD_CHUNKS) for round 3, whose
+fused backward rows compare main's 4-chunk kernel with it (outputs: their largest difference).
 
     python results/NVIDIA_H200/scripts/ln3_round.py precompile|ab [--out ab.json]
 """
@@ -45,36 +46,13 @@ def main_kernel_dir() -> Path:
     return d
 
 
-C2_WIDTHS = (2048, 4096, 8192)   # the experiment: 2 chunks per thread, twice the threads
-
-
-class _Chunks:
-    """cuflash.layer_norm.CHUNKS = c for the duration (threads_for, kernel_names and fused_smem read it)."""
-
-    def __init__(self, c):
-        self.c = c
-
-    def __enter__(self):
-        from cuflash import layer_norm as ln
-
-        self.old, ln.CHUNKS = ln.CHUNKS, self.c
-
-    def __exit__(self, *exc):
-        from cuflash import layer_norm as ln
-
-        ln.CHUNKS = self.old
-
-
 def ab_names():
     import torch
 
     from cuflash.layer_norm import kernel_names, threads_for
 
     bf = torch.bfloat16
-    names = [kernel_names(bf, bf, bf, threads_for(n), True) for _, n in SHAPES]
-    with _Chunks(2):
-        c2 = [kernel_names(bf, bf, bf, threads_for(n), True) for n in C2_WIDTHS]
-    return names, c2
+    return [kernel_names(bf, bf, bf, threads_for(n), True) for _, n in SHAPES]   # main's: 4 chunks everywhere
 
 
 def _compile(job):
@@ -101,9 +79,7 @@ def precompile():
                                                                               torch.float32])
              + rotary.warm_modules([torch.bfloat16])]
     main_dir = str(main_kernel_dir())
-    names, c2 = ab_names()
-    jobs += [(main_dir, ("layer_norm", tuple(m))) for m in names]
-    jobs += [(None, ("layer_norm", tuple(m))) for m in c2]
+    jobs += [(main_dir, ("layer_norm", tuple(m))) for m in ab_names()]
     t0, failed = time.perf_counter(), 0
     with multiprocessing.get_context("spawn").Pool(min(16, os.cpu_count() or 4)) as pool:
         for name, seconds, error in pool.imap_unordered(_compile, jobs):
@@ -137,9 +113,15 @@ def ab(out_path, reps):
         fns, outs = {}, {}
         for tag, kdir in (("main", str(main_kernel_dir())), ("branch", None)):
             cm.set_kernel_dir(kdir)
-            fwd = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 1e-6, False, False)
-            fused = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 0.0, False, False, True)
-            two = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 0.0, False, False, False)
+            bwd_chunks = ln.BWD_CHUNKS
+            if tag == "main":   # main's fused backward: CHUNKS chunks a thread, as every kernel there
+                ln.BWD_CHUNKS = ln.CHUNKS
+            try:
+                fwd = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 1e-6, False, False)
+                fused = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 0.0, False, False, True)
+                two = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 0.0, False, False, False)
+            finally:
+                ln.BWD_CHUNKS = bwd_chunks
             fptrs = (x.data_ptr(), 0, w.data_ptr(), 0, y.data_ptr(), 0, mp, rp, 0, 0, 0, 0, 0, 0, 0)
             parts = {k: torch.empty(p.splits * 2 * n, device="cuda") for k, p in (("fused", fused), ("two", two))}
 
@@ -166,35 +148,20 @@ def ab(out_path, reps):
             outs[tag] = o + [dx.clone(), dw.clone()]
         cm.set_kernel_dir(None)
         same = [torch.equal(a, b) for a, b in zip(outs["main"], outs["branch"])]
-        if n in C2_WIDTHS:   # the experiment: 2 chunks per thread (twice the threads: fewer registers each)
-            with _Chunks(2):
-                fwd2 = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 1e-6, False, False)
-                bwd2 = ln._Plan(rows, n, bf, bf, bf, dev, True, True, 0.0, False, False, True)
-            part2 = torch.empty(bwd2.splits * 2 * n, device="cuda")
-            b2 = (x.data_ptr(), 0, w.data_ptr(), 0, 0, 0, mp, rp, dy.data_ptr(), 0, dx.data_ptr(), 0,
-                  part2.data_ptr(), dw.data_ptr(), 0)
-            s2 = ((bwd2.bwd, bwd2.splits, 1, bwd2.threads, bwd2.smem),
-                  (bwd2.finish, -(-n // ln._FINISH_COLS), 1, ln._FINISH_THREADS, 0))
-            f2 = ((fwd2.fwd, rows, 1, fwd2.threads, 0),)
-            fns["fwd c2"] = lambda p=fwd2, fp=fptrs, fs=f2: p.run(fp, fs, stream())
-            fns["bwd_fused c2"] = lambda p=bwd2, b=b2, st=s2: p.run(b, st, stream())
-            fns["fwd c2"]()
-            fns["bwd_fused c2"]()
-            torch.cuda.synchronize()
-            same += [torch.equal(y, outs["branch"][0]), torch.allclose(dx, outs["branch"][2], rtol=0, atol=1e-2),
-                     torch.allclose(dw.float(), outs["branch"][3].float(), rtol=1e-2, atol=1e-2)]
-            print(f"c2 at n={n}: threads {bwd2.threads}, splits {bwd2.splits} (c4: {fused.splits})", flush=True)
+        # the branch's fused backward sums in another order (BWD_CHUNKS): its largest difference from main's
+        diff = {k: (outs["main"][i].float() - outs["branch"][i].float()).abs().max().item()
+                for k, i in (("dx_fused", 2), ("dw_fused", 3))}
         xg, wg = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
         fns["fwd torch"] = lambda: F.rms_norm(x, (n,), w, 1e-6)
         fns["fwdbwd torch"] = lambda: torch.autograd.grad(F.rms_norm(xg, (n,), wg, 1e-6), (xg, wg), dy)
         t = time_interleaved(fns, reps=reps, back_to_back=3)
         ms = {k: round(v.median_ms, 4) for k, v in t.items()}
-        for tag in ("main", "branch", "c2"):
-            if f"fwd {tag}" in ms:
-                ms[f"fwdbwd {tag}"] = round(ms[f"fwd {tag}"] + ms[f"bwd_fused {tag}"], 4)
+        for tag in ("main", "branch"):
+            ms[f"fwdbwd {tag}"] = round(ms[f"fwd {tag}"] + ms[f"bwd_fused {tag}"], 4)
         row = {"rows": rows, "n": n, "ms": ms, "bitwise_same_main_branch": dict(zip(
-            ("y", "stats", "dx_fused", "dw_fused", "dx_two_pass", "dw_two_pass", "c2_y_same", "c2_dx_close",
-             "c2_dw_close"), same))}
+            ("y", "stats", "dx_fused", "dw_fused", "dx_two_pass", "dw_two_pass"), same)),
+            "max_abs_diff_main_branch": diff, "branch_fused_threads": fused.threads,
+            "branch_fused_splits": fused.splits}
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
         with open(out_path, "w") as f:
