@@ -29,6 +29,10 @@ Tensor = torch.Tensor
 
 _KERNEL_TYPES = {torch.bfloat16: "cuflash::bf16", torch.float16: "cuflash::fp16", torch.float32: "float"}
 CHUNKS = 4                      # kChunks: 8-element chunks per thread (32 row elements in registers)
+# kChunks of the fused backward (layer_norm_bwd) where a CTA of at most MAX_THREADS holds the row at it
+# (n <= 8192): 2 chunks a thread hold half the registers of 4 (64 against 128 a thread on sm_90), so
+# twice the warps fit on an SM (session 29, ln3: the H200 round 2 A/B)
+BWD_CHUNKS = 2
 MAX_THREADS = 512               # CTA sizes: multiples of 32 up to this
 MAX_N = MAX_THREADS * CHUNKS * 8   # 16384: longer rows take the composition
 _DW_THREADS = 128               # kLnDwThreads
@@ -43,29 +47,44 @@ FUSED_DW = True
 _CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 
 
-def fused_smem(threads: int) -> int:
+def fused_smem(threads: int, chunks: int = None) -> int:
     """layer_norm_bwd's dynamic shared memory: Σ dy · x̂ and Σ dy, fp32, per column of the row."""
-    return 2 * CHUNKS * 8 * threads * 4
+    return 2 * (CHUNKS if chunks is None else chunks) * 8 * threads * 4
 
 
-def threads_for(n: int) -> int:
-    """The CTA size of a row of n: the fewest whole warps that hold it in registers (12288: 384
-    threads, every one of them busy)."""
+def threads_for(n: int, chunks: int = None) -> int:
+    """The CTA size of a row of n at ``chunks`` (default CHUNKS) 8-element chunks a thread: the
+    fewest whole warps that hold it in registers (12288: 384 threads, every one of them busy)."""
     if n > MAX_N:
         raise ValueError(f"rows of {n} features exceed the kernels' {MAX_N}")
-    return 32 * max(1, -(-n // (32 * CHUNKS * 8)))
+    return 32 * max(1, -(-n // (32 * (CHUNKS if chunks is None else chunks) * 8)))
 
 
-def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool) -> tuple:
+def plan_chunks(n: int, fused: bool) -> int:
+    """kChunks of a plan's module: BWD_CHUNKS for the fused backward where a CTA of at most
+    MAX_THREADS holds the row at it, else CHUNKS."""
+    if fused and threads_for(n, BWD_CHUNKS) <= MAX_THREADS:
+        return BWD_CHUNKS
+    return CHUNKS
+
+
+def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool, chunks: int = None) -> tuple:
     """The name expressions of one module: forward, backward dx, backward dw partials, dw finish,
-    the fused backward (dx and the dw partials)."""
+    the fused backward (dx and the dw partials); ``chunks`` kChunks (default CHUNKS)."""
     e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
     v = "true" if vector else "false"
-    return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
-            f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>",
+    c = CHUNKS if chunks is None else chunks
+    return (f"cuflash::layer_norm_fwd<{e}, {r}, {w}, {threads}, {c}, {v}>",
+            f"cuflash::layer_norm_bwd_dx<{e}, {r}, {w}, {threads}, {c}, {v}>",
             f"cuflash::layer_norm_bwd_dw<{e}, {r}, {v}>",
             f"cuflash::layer_norm_bwd_dw_finish<{w}>",
-            f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {CHUNKS}, {v}>")
+            f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {c}, {v}>")
+
+
+def module_shapes(n: int) -> list:
+    """The (threads, chunks) of the modules a row of n loads: the forward's (and the two-pass
+    backward's), then the fused backward's when it differs."""
+    return list(dict.fromkeys((threads_for(n, c), c) for c in (CHUNKS, plan_chunks(n, True))))
 
 
 # python -m cuflash warmup --helpers layer_norm: the widths (features per row) it compiles for, as
@@ -83,8 +102,8 @@ def warm_modules(dtypes, widths=WARM_WIDTHS) -> list:
             continue
         f32 = torch.float32
         combos = dict.fromkeys(((dt, dt, dt), (dt, dt, f32), (dt, f32, dt)))
-        for t in dict.fromkeys(threads_for(n) for n in widths):
-            out += [compile_mod.HelperModule("layer_norm", kernel_names(*c, t, True)) for c in combos]
+        for t, ch in dict.fromkeys(s for n in widths for s in module_shapes(n)):
+            out += [compile_mod.HelperModule("layer_norm", kernel_names(*c, t, True, ch)) for c in combos]
     return list(dict.fromkeys(out))
 
 
@@ -145,6 +164,7 @@ _plans: dict = {}
 
 def _drop_plans() -> None:
     _plans.clear()
+    entries.clear()
 
 
 compile_mod.on_change(_drop_plans)
@@ -176,14 +196,15 @@ class _Plan:
 
         self.device = device.index
         self.rows, self.n = rows, n
-        self.threads = threads_for(n)
-        exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector)
+        chunks = plan_chunks(n, fused)
+        self.threads = threads_for(n, chunks)
+        exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector, chunks)
         self.launch = driver.launchKernel
         self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
         self.fwd, self.bwd_dx, self.bwd_dw, self.finish, self.bwd = fns
         self.fused = fused = bool(fused)
-        self.smem = fused_smem(self.threads) if fused else 0
+        self.smem = fused_smem(self.threads, chunks) if fused else 0
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
         if fused:   # one CTA per resident slot (occupancy of layer_norm_bwd), each a partials row
             current = self.get_device()
@@ -229,7 +250,7 @@ def _vector(n, *tensors) -> bool:
 def _plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
           fused=False):
     key = (rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res, CHUNKS,
-           DW_CTAS_PER_SM, fused)
+           BWD_CHUNKS, DW_CTAS_PER_SM, fused)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _Plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered,
@@ -312,3 +333,112 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
                  finish)
     plan.run(ptrs, steps, _raw_stream(plan.device))
     return dx, dw, db, dres
+
+
+# ---------------------------------------------------------------------------------------
+# The eager calls' fast path (issue 12, host time): cuflash.ops.layer_norm.layer_norm_fn keeps one
+# Entry per call key (shapes, dtypes, devices, eps and flags of a call that passed its checks and
+# took the kernels), so a repeat call checks nothing again: it allocates its outputs, patches the
+# pointers into its plan's packed record and launches. The torch ops (torch.compile) keep forward /
+# backward above.
+
+entries: dict = {}   # layer_norm_fn's call key -> Entry
+
+
+def _poison(*tensors) -> None:
+    """api.POISON_OUTPUTS (a test hook): outputs NaN before the launch, so anything the kernel
+    misses shows."""
+    for t in tensors:
+        if t is not None:
+            t.fill_(float("nan"))
+
+
+class Entry:
+    """One eager call key: rows, n and the flags; the plans (forward; backward per FUSED_DW) made on
+    first use per access width (16-byte accesses or one element at a time), each with its launch
+    steps."""
+    __slots__ = ("rows", "n", "dtype", "res_dtype", "w_dtype", "device", "index", "is_rms", "eps", "zero_centered",
+                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "scratch")
+
+    def __init__(self, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype):
+        self.n = n = x.shape[-1]
+        self.rows = x.numel() // n
+        self.dtype, self.res_dtype, self.w_dtype = x.dtype, res_dtype, weight.dtype
+        self.device, self.index = x.device, x.device.index
+        self.is_rms, self.eps, self.zero_centered = bool(is_rms), float(eps), bool(zero_centered)
+        self.has_bias, self.has_residual = bias is not None, residual is not None
+        self.write_res = residual is not None or res_dtype != x.dtype
+        # the backward's h: an fp32 residual_out is the forward's h exactly; else x + residual again
+        self.h_from_res = self.write_res and res_dtype == torch.float32
+        self.n8 = n % 8 == 0
+        self.fwd, self.bwd = {}, {}
+        self.scratch = None   # forward's statistics nobody reads (keep_stats=False)
+
+    def _fwd_plan(self, vector):
+        got = self.fwd.get(vector)
+        if got is None:
+            plan = _plan(self.rows, self.n, self.dtype, self.res_dtype, self.w_dtype, self.device, vector, self.is_rms,
+                         self.eps, self.zero_centered, False)
+            got = self.fwd[vector] = (plan, ((plan.fwd, self.rows, 1, plan.threads, 0),))
+        return got
+
+    def _bwd_plan(self, vector):
+        key = (vector, FUSED_DW)
+        got = self.bwd.get(key)
+        if got is None:
+            plan = _plan(self.rows, self.n, self.dtype, self.res_dtype, self.w_dtype, self.device, vector, self.is_rms,
+                         0.0, self.zero_centered, self.h_from_res, FUSED_DW)
+            finish = (plan.finish, -(-self.n // _FINISH_COLS), 1, _FINISH_THREADS, 0)
+            if plan.fused:
+                steps = ((plan.bwd, plan.splits, 1, plan.threads, plan.smem), finish)
+            else:
+                steps = ((plan.bwd_dx, self.rows, 1, plan.threads, 0),
+                         (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS, 0), finish)
+            got = self.bwd[key] = (plan, steps)
+        return got
+
+    def forward(self, x, weight, bias, residual, keep_stats=True):
+        """(y, residual_out or None, stats): x / residual contiguous in x's shape; stats (2 · rows,)
+        fp32, the rows' means then their rstds. keep_stats=False (no backward will read them): the
+        statistics go to the entry's scratch buffer, written by every such call and read by none (so
+        calls on several streams at once may share it), one allocation fewer per call."""
+        y = torch.empty_like(x)
+        res_out = torch.empty_like(x, dtype=self.res_dtype) if self.write_res else None
+        if keep_stats:
+            stats = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+        else:
+            stats = self.scratch
+            if stats is None:
+                stats = self.scratch = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+        if api.POISON_OUTPUTS:
+            _poison(y, res_out, stats)
+        xp, wp, yp, sp = x.data_ptr(), weight.data_ptr(), y.data_ptr(), stats.data_ptr()
+        bp = 0 if bias is None else bias.data_ptr()
+        rp = 0 if residual is None else residual.data_ptr()
+        op = 0 if res_out is None else res_out.data_ptr()
+        plan, steps = self._fwd_plan(self.n8 and not (xp | wp | yp | bp | rp | op) & 15)
+        plan.run((xp, rp, wp, bp, yp, op, sp, sp + 4 * self.rows, 0, 0, 0, 0, 0, 0, 0), steps, _raw_stream(self.index))
+        return y, res_out, stats
+
+    def backward(self, dy, dres_out, h, residual, weight, stats):
+        """(dx, dweight, dbias or None, dresidual or None): dy / dres_out / h / residual contiguous in
+        x's shape (h: x, or the fp32 residual_out when h_from_res; residual None then), stats the
+        forward's."""
+        dx = torch.empty_like(dy)
+        dw = torch.empty_like(weight)
+        db = torch.empty_like(weight) if self.has_bias else None
+        dres = torch.empty_like(dy, dtype=self.res_dtype) if self.has_residual else None
+        if api.POISON_OUTPUTS:
+            _poison(dx, dw, db, dres)
+        dyp, hp, wp, dxp = dy.data_ptr(), h.data_ptr(), weight.data_ptr(), dx.data_ptr()
+        rp = 0 if residual is None else residual.data_ptr()
+        dop = 0 if dres_out is None else dres_out.data_ptr()
+        drp = 0 if dres is None else dres.data_ptr()
+        plan, steps = self._bwd_plan(self.n8 and not (dyp | hp | wp | dxp | rp | dop | drp) & 15)
+        partials = torch.empty(plan.splits * 2 * self.n, dtype=torch.float32, device=self.device)
+        sp = stats.data_ptr()
+        hfr = self.h_from_res
+        plan.run((0 if hfr else hp, rp, wp, 0, 0, hp if hfr else 0, sp, sp + 4 * self.rows, dyp, dop, dxp, drp,
+                  partials.data_ptr(), dw.data_ptr(), 0 if db is None else db.data_ptr()), steps,
+                 _raw_stream(self.index))
+        return dx, dw, db, dres

@@ -26,7 +26,8 @@
 // gridDim.x, ..., writes dx (and dresidual) a row at a time and sums dy · x̂ (and dy) of its threads'
 // columns in shared memory, written to partials[b] at the end (splits = gridDim.x). The two-pass
 // alternative: layer_norm_bwd_dx (dx a row per CTA), then layer_norm_bwd_dw, each CTA 8 · kDwThreads
-// columns over rows_per_split rows (gridDim.y = splits). layer_norm_bwd_dw_finish sums the splits
+// columns over rows_per_split rows (gridDim.y = splits). Both write dx through ln_bwd_row, one row's
+// code. layer_norm_bwd_dw_finish sums the splits
 // per column and rounds into W.
 //
 // Template parameters:
@@ -218,51 +219,6 @@ layer_norm_fwd(const LayerNormParams p) {
     }
 }
 
-// dx (and dresidual) of one row per CTA.
-template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
-__global__ void __launch_bounds__(kThreads)
-layer_norm_bwd_dx(const LayerNormParams p) {
-    __shared__ float red[kThreads / 32];
-    const int row = blockIdx.x;
-    const i64 row0 = static_cast<i64>(row) * p.n;
-    const float mean = p.is_rms ? 0.f : p.mean[row];
-    const float rstd = p.rstd[row];
-    float xh[kChunks][8], g[kChunks][8];
-    float sg = 0.f, sgx = 0.f;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        const int col = (c * kThreads + threadIdx.x) * 8;
-        ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
-        float dy[8], w[8];
-        ln_load<Elem, kVector>(p.dy, row0, col, p.n, dy);
-        ln_load<W, kVector>(p.weight, 0, col, p.n, w);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            xh[c][i] = (xh[c][i] - mean) * rstd;    // absent columns: dy = w = 0, so g = 0
-            g[c][i] = dy[i] * (w[i] + p.w_offset);
-            sg += g[c][i];
-            sgx = fmaf(g[c][i], xh[c][i], sgx);
-        }
-    }
-    const float inv_n = 1.f / static_cast<float>(p.n);
-    const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
-    const float mgx = ln_cta_sum<kThreads>(sgx, red) * inv_n;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        const int col = (c * kThreads + threadIdx.x) * 8;
-        float dres[8];
-        if (p.dresidual_out) ln_load<Res, kVector>(p.dresidual_out, row0, col, p.n, dres);
-        float dh[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            dh[i] = rstd * (g[c][i] - mg - xh[c][i] * mgx);
-            if (p.dresidual_out) dh[i] += dres[i];
-        }
-        ln_store<Elem, kVector>(p.dx, row0, col, p.n, dh);
-        if (p.dresidual) ln_store<Res, kVector>(p.dresidual, row0, col, p.n, dh);
-    }
-}
-
 // layer_norm_bwd's per-thread column sums Σ dy · x̂ and Σ dy (its kChunks · 8 columns) in dynamic
 // shared memory, 2 · kChunks · 8 · kThreads floats (registers would double the kernel's), each
 // thread its own words (consecutive threads, consecutive words: no bank conflicts, no barriers);
@@ -284,6 +240,62 @@ struct LnColSums {
     __device__ __forceinline__ float b(int c, int i) const { return s[kB + (c * 8 + i) * kThreads]; }
 };
 
+// layer_norm_bwd_dx's stand-in for LnColSums: no column sums (layer_norm_bwd_dw makes them).
+struct LnNoColSums {
+    __device__ __forceinline__ void add(int, int, float, float, bool) const {}
+};
+
+// One row's backward, the code both backwards run: dx (and dresidual) of row `row` written, each
+// element's dy and x̂ handed to sums.add on the way (Sums: LnColSums or LnNoColSums).
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector, class Sums>
+__device__ __forceinline__ void ln_bwd_row(const LayerNormParams& p, int row, float inv_n, float* red, Sums sums) {
+    const i64 row0 = static_cast<i64>(row) * p.n;
+    const float mean = p.is_rms ? 0.f : p.mean[row];
+    const float rstd = p.rstd[row];
+    float xh[kChunks][8], g[kChunks][8];
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kThreads + threadIdx.x) * 8;
+        ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
+        ln_load<Elem, kVector>(p.dy, row0, col, p.n, g[c]);
+        float w[8];
+        ln_load<W, kVector>(p.weight, 0, col, p.n, w);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            xh[c][i] = (xh[c][i] - mean) * rstd;    // absent columns: dy = w = 0, so g = 0
+            sums.add(c, i, g[c][i], xh[c][i], p.dbias != nullptr);
+            g[c][i] *= w[i] + p.w_offset;          // dy -> g
+            sg += g[c][i];
+            sgx = fmaf(g[c][i], xh[c][i], sgx);
+        }
+    }
+    const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
+    const float mgx = ln_cta_sum<kThreads>(sgx, red) * inv_n;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        const int col = (c * kThreads + threadIdx.x) * 8;
+        float dres[8], dh[8];
+        if (p.dresidual_out) ln_load<Res, kVector>(p.dresidual_out, row0, col, p.n, dres);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            dh[i] = rstd * (g[c][i] - mg - xh[c][i] * mgx);
+            if (p.dresidual_out) dh[i] += dres[i];
+        }
+        ln_store<Elem, kVector>(p.dx, row0, col, p.n, dh);
+        if (p.dresidual) ln_store<Res, kVector>(p.dresidual, row0, col, p.n, dh);
+    }
+}
+
+// dx (and dresidual) of one row per CTA.
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+layer_norm_bwd_dx(const LayerNormParams p) {
+    __shared__ float red[kThreads / 32];
+    LnNoColSums none;
+    ln_bwd_row<Elem, Res, W, kThreads, kChunks, kVector>(p, blockIdx.x, 1.f / static_cast<float>(p.n), red, none);
+}
+
 // dx (and dresidual) and the dweight / dbias partials in one pass: CTA b takes rows b, b + gridDim.x,
 // ... (a row at a time, as layer_norm_bwd_dx) and keeps Σ dy · x̂ and Σ dy of its threads' columns
 // (a thread's columns are the same in every row) in LnColSums, written to partials[b] at the end
@@ -295,44 +307,8 @@ layer_norm_bwd(const LayerNormParams p) {
     extern __shared__ float col_sums[];
     LnColSums<kThreads, kChunks> sums(col_sums);
     const float inv_n = 1.f / static_cast<float>(p.n);
-    for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
-        const i64 row0 = static_cast<i64>(row) * p.n;
-        const float mean = p.is_rms ? 0.f : p.mean[row];
-        const float rstd = p.rstd[row];
-        float xh[kChunks][8], g[kChunks][8];
-        float sg = 0.f, sgx = 0.f;
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-            const int col = (c * kThreads + threadIdx.x) * 8;
-            ln_load_h<Elem, Res, kVector>(p, row0, col, xh[c]);
-            ln_load<Elem, kVector>(p.dy, row0, col, p.n, g[c]);
-            float w[8];
-            ln_load<W, kVector>(p.weight, 0, col, p.n, w);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                xh[c][i] = (xh[c][i] - mean) * rstd;    // absent columns: dy = w = 0, so g = 0
-                sums.add(c, i, g[c][i], xh[c][i], p.dbias != nullptr);
-                g[c][i] *= w[i] + p.w_offset;          // dy -> g
-                sg += g[c][i];
-                sgx = fmaf(g[c][i], xh[c][i], sgx);
-            }
-        }
-        const float mg = p.is_rms ? 0.f : ln_cta_sum<kThreads>(sg, red) * inv_n;
-        const float mgx = ln_cta_sum<kThreads>(sgx, red) * inv_n;
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-            const int col = (c * kThreads + threadIdx.x) * 8;
-            float dres[8], dh[8];
-            if (p.dresidual_out) ln_load<Res, kVector>(p.dresidual_out, row0, col, p.n, dres);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                dh[i] = rstd * (g[c][i] - mg - xh[c][i] * mgx);
-                if (p.dresidual_out) dh[i] += dres[i];
-            }
-            ln_store<Elem, kVector>(p.dx, row0, col, p.n, dh);
-            if (p.dresidual) ln_store<Res, kVector>(p.dresidual, row0, col, p.n, dh);
-        }
-    }
+    for (int row = blockIdx.x; row < p.rows; row += gridDim.x)
+        ln_bwd_row<Elem, Res, W, kThreads, kChunks, kVector>(p, row, inv_n, red, sums);
     float* out = p.partials + static_cast<i64>(blockIdx.x) * 2 * p.n;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {

@@ -202,3 +202,23 @@ def test_splits():
     assert splits > 1 and cols % 16 == 0 and (splits - 1) * cols < 256000 <= splits * cols
     assert cols >= ce_kernels.MIN_SPLIT_COLS
     assert ce_kernels._splits(3, 17, 132) == (1, 32)
+
+
+def test_no_grad_call_skips_autograd(ops_route, monkeypatch):
+    """Logits that need no gradient run the kernel route without CrossEntropyLossFunction (host µs
+    per call), with the autograd route's losses; a precomputed LSE still takes the Function (its
+    forward is the composition's)."""
+    torch.manual_seed(4)
+    logits, labels = sample()
+    kw = dict(label_smoothing=0.1, logit_scale=1.3, lse_square_scale=1e-2)
+    want = [t.detach() for t in cross_entropy_loss(logits.clone().requires_grad_(True), labels, **kw)]
+    real = ops.CrossEntropyLossFunction.apply
+    applied = []
+    monkeypatch.setattr(ops.CrossEntropyLossFunction, "apply", lambda *a: applied.append(1) or real(*a))
+    got = cross_entropy_loss(logits, labels, **kw)
+    with torch.no_grad():
+        got2 = cross_entropy_loss(logits.clone().requires_grad_(True), labels, **kw)
+    assert not applied
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(got, got2, want))
+    cross_entropy_loss(logits, labels, precomputed_lse=torch.logsumexp(logits, -1))
+    assert applied == [1]

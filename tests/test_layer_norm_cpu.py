@@ -189,6 +189,9 @@ def instantiations():
         for t in (32, 256, 512):
             for v in (True, False):
                 out += ln_kernels.kernel_names(*combo, t, v)
+    for combo in ((bf, bf, bf), (bf, f32, f32), (f32, f32, f32)):   # the fused backward at BWD_CHUNKS
+        for t in (64, 512):
+            out += ln_kernels.kernel_names(*combo, t, True, ln_kernels.BWD_CHUNKS)
     return list(dict.fromkeys(out))
 
 
@@ -283,7 +286,9 @@ def test_fused_plan_mocked(monkeypatch):
     args = (torch.bfloat16, torch.bfloat16, torch.bfloat16, dev, True, True, 1e-5, False, False)
     plan = ln_kernels._Plan(16384, 4096, *args, True)
     assert plan.fused and plan.bwd == 5 and plan.splits == 3 * 132
-    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 128, 32768) and not attrs
+    # the fused backward at BWD_CHUNKS (2) chunks a thread: 256 threads for 4096, the same shared memory
+    assert ln_kernels.BWD_CHUNKS == 2 and plan.threads == 256
+    assert int(plan.rec.record["splits"][0]) == 396 and occ[-1] == (5, 256, 32768) and not attrs
     assert ln_kernels._Plan(100, 4096, *args, True).splits == 100
     big = ln_kernels._Plan(16384, 16384, *args, True)
     assert big.threads == 512 and big.smem == 131072 and attrs == [(5, 8, 131072)]
@@ -305,7 +310,9 @@ def test_warm_modules_are_the_calls(monkeypatch):
     assert all(isinstance(m, compile_mod.HelperModule) and m.source == "layer_norm" for m in mods)
     threads = sorted({ln_kernels.threads_for(n) for n in ln_kernels.WARM_WIDTHS})
     assert threads == [32, 64, 96, 128, 160, 256, 384, 512]
-    assert len(mods) == len(threads) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
+    shapes = {s for n in ln_kernels.WARM_WIDTHS for s in ln_kernels.module_shapes(n)}
+    assert (192, 2) in shapes and (512, 4) in shapes and (512, 2) in shapes   # 3072: the backward at 2 chunks
+    assert len(mods) == len(shapes) * (3 + 1) and len(set(mods)) == len(mods)   # bf16: 3 combos; fp32: 1
     asked = []
     monkeypatch.setattr(compile_mod, "get_helper_functions",
                         lambda src, names, dev: asked.append(compile_mod.HelperModule(src, tuple(names)))
@@ -320,7 +327,8 @@ def test_warm_modules_are_the_calls(monkeypatch):
     bf, f32 = torch.bfloat16, torch.float32
     for n in ln_kernels.WARM_WIDTHS:
         for combo in ((bf, bf, bf), (bf, bf, f32), (bf, f32, bf), (f32, f32, f32)):
-            ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, ln_kernels.FUSED_DW)
+            for fused in (False, ln_kernels.FUSED_DW):   # the forward's plan, the backward's
+                ln_kernels._Plan(64, n, *combo, dev, True, True, 1e-5, False, False, fused)
     assert asked and set(asked) == set(mods)
 
 
@@ -354,3 +362,125 @@ def test_no_grad_call_skips_autograd(monkeypatch):
     assert y.shape == (1, 5, 40) and torch.equal(y[0], layer_norm_fn(x, w, None))
     layer_norm_fn(x, w.clone().requires_grad_(True), None)
     assert applied == [1]
+
+
+# ---------------------------------------------------------------------------------------
+# the eager fast path (issue 12's host time): CPU tensors passed off as the kernels' and the plans
+# faked (tests/layer_norm_host_profile.py's stub)
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import layer_norm_host_profile
+
+    monkeypatch.setattr(layer_norm_host_profile.FakePlan, "keep", True)
+    made = layer_norm_host_profile.stub_gpu(monkeypatch.setattr)
+    yield made
+    ln_kernels._drop_plans()
+
+
+def _bf(*shape, grad=False):
+    return torch.randn(*shape).to(torch.bfloat16).requires_grad_(grad)
+
+
+def test_fast_path_repeat_call_checks_nothing(fake_gpu, monkeypatch):
+    x, r, w = _bf(2, 3, 64), _bf(2, 3, 64), _bf(64)
+    y, res = layer_norm_fn(x, w, None, residual=r, prenorm=True, residual_in_fp32=True, is_rms_norm=True)
+    assert len(ln_kernels.entries) == 1 and len(fake_gpu) == 1
+    (entry,) = ln_kernels.entries.values()
+    # a residual's dtype is residual_out's (residual_in_fp32 applies without one): h = x + r again
+    assert (entry.rows, entry.n, entry.write_res, entry.h_from_res) == (6, 64, True, False)
+    assert y.shape == x.shape and y.dtype == x.dtype and res.dtype == torch.bfloat16 and res.shape == x.shape
+    for name in ("_check_args", "_check_tensor", "_kernel_route", "_dropout_add_norm"):
+        monkeypatch.setattr(ops, name, lambda *a, **k: pytest.fail(f"{name} on a repeat call"))
+    monkeypatch.setattr(ln_kernels, "kernel_takes", lambda *a: pytest.fail("kernel_takes on a repeat call"))
+    x2 = _bf(2, 3, 64)
+    y2, res2 = layer_norm_fn(x2, w, None, residual=r, prenorm=True, residual_in_fp32=True, is_rms_norm=True)
+    (plan,) = fake_gpu
+    ptrs, steps = plan.launches[-1]
+    assert len(plan.launches) == 2 and len(steps) == 1 and steps[0][1] == 6
+    assert ptrs[:6] == (x2.data_ptr(), r.data_ptr(), w.data_ptr(), 0, y2.data_ptr(), res2.data_ptr())
+    assert ptrs[7] == ptrs[6] + 4 * 6 and ptrs[8:] == (0,) * 7
+    assert plan.launches[0][0][6] == ptrs[6] == entry.scratch.data_ptr()   # no backward: the entry's scratch stats
+
+
+@pytest.mark.parametrize("change", ["eps", "dtype", "shape", "bias", "residual", "rms", "fp32", "zero_centered"])
+def test_fast_path_changed_argument_new_entry(fake_gpu, change):
+    x, w, b = _bf(4, 64), _bf(64), _bf(64)
+    kw = dict(eps=1e-5)
+    layer_norm_fn(x, w, None, **kw)
+    layer_norm_fn(x, w, None, **kw)
+    assert len(ln_kernels.entries) == 1
+    bias = None
+    if change == "eps":
+        kw["eps"] = 1e-6
+    elif change == "dtype":
+        x, w = x.half(), w.half()
+    elif change == "shape":
+        x = _bf(5, 64)
+    elif change == "bias":
+        bias = b
+    elif change == "residual":
+        kw["residual"] = _bf(4, 64)
+    elif change == "rms":
+        kw["is_rms_norm"] = True
+    elif change == "fp32":
+        kw["residual_in_fp32"] = True
+    else:
+        kw["zero_centered_weight"] = True
+    layer_norm_fn(x, w, bias, **kw)
+    assert len(ln_kernels.entries) == 2
+
+
+def test_fast_path_bad_input_still_raises(fake_gpu):
+    x, w = _bf(4, 64), _bf(64)
+    layer_norm_fn(x, w, None)
+    for bad, match in ((dict(weight=_bf(63)), "weight"), (dict(eps=-1.0), "eps"), (dict(eps=[1e-5]), "eps"),
+                       (dict(residual=_bf(4, 63)), "residual"), (dict(x="x"), "x"),
+                       (dict(weight=None, zero_centered_weight=True), "weight")):
+        kw = dict(x=x, weight=w, bias=None)
+        kw.update(bad)
+        with pytest.raises(ValueError, match=match):
+            layer_norm_fn(**kw)
+    assert sum(len(p.launches) for p in fake_gpu) == 1
+
+
+def test_fast_path_autograd(fake_gpu):
+    """The backward finds its entry: the fused plan's two launches with the saved tensors' pointers;
+    gradients in the leaves' shapes and dtypes (values are the GPU tests')."""
+    x, w, b, r = _bf(3, 64, grad=True), _bf(64, grad=True), _bf(64, grad=True), _bf(3, 64, grad=True)
+    y, res = layer_norm_fn(x, w, b, residual=r, prenorm=True)
+    (fwd_plan,) = fake_gpu
+    fptrs, _ = fwd_plan.launches[-1]
+    (entry,) = ln_kernels.entries.values()
+    assert entry.scratch is None   # the backward's statistics: a tensor of the call's own
+    dy, dres = _bf(3, 64), _bf(3, 64)
+    gx, gw, gb, gr = torch.autograd.grad((y, res), (x, w, b, r), (dy, dres))
+    assert [t.shape for t in (gx, gw, gb, gr)] == [x.shape, w.shape, b.shape, r.shape]
+    assert all(t.dtype == torch.bfloat16 for t in (gx, gw, gb, gr))
+    bwd_plan = fake_gpu[-1]
+    assert bwd_plan is not fwd_plan and bwd_plan.fused
+    ptrs, steps = bwd_plan.launches[-1]
+    assert [s[0] for s in steps] == [bwd_plan.bwd, bwd_plan.finish]
+    # h = x + r again (a bf16 residual_out is h rounded): x, r, w; the forward's stats; dy, dres
+    assert ptrs[:6] == (x.data_ptr(), r.data_ptr(), w.data_ptr(), 0, 0, 0)
+    assert ptrs[6:8] == fptrs[6:8] and ptrs[8] == dy.data_ptr() and ptrs[9] == dres.data_ptr()
+    assert ptrs[10] == gx.data_ptr() and ptrs[11] == gr.data_ptr() and ptrs[13:] == (gw.data_ptr(), gb.data_ptr())
+
+
+def test_fast_path_off(fake_gpu, monkeypatch):
+    """EAGER_CACHE = False: the checked route, no entry; a kernel-directory change drops the entries."""
+    x, w = _bf(4, 64), _bf(64)
+    layer_norm_fn(x, w, None)
+    assert len(ln_kernels.entries) == 1
+    from cuflash import compile as compile_mod
+
+    compile_mod.set_kernel_dir(compile_mod.kernel_dir())
+    compile_mod.set_kernel_dir(None)
+    assert not ln_kernels.entries
+    monkeypatch.setattr(ops, "EAGER_CACHE", False)
+    layer_norm_fn(x, w, None)
+    assert not ln_kernels.entries

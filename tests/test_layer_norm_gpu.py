@@ -134,11 +134,18 @@ def check_case(rms, dtype, n, rows, case):
 
 def test_route_by_arguments(monkeypatch):
     """dropout / rowscale / x1 / weight1 / another out_dtype keep the composition; the fused call
-    runs the kernel (a call counter on cuflash.layer_norm.forward)."""
+    runs the kernel (a call counter on the eager fast path's cuflash.layer_norm.Entry.forward and
+    on the checked route's cuflash.layer_norm.forward)."""
     calls = []
-    real = ln_kernels.forward
+    real, real_entry = ln_kernels.forward, ln_kernels.Entry.forward
     monkeypatch.setattr(ln_kernels, "forward", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(ln_kernels.Entry, "forward", lambda *a: calls.append(1) or real_entry(*a))
     x, w, b, r = inputs(torch.bfloat16, torch.bfloat16, 256, 8, True, True)
+    layer_norm_fn(x, w, b, residual=r)
+    assert len(calls) == 1
+    layer_norm_fn(x, w, b, residual=r, out_dtype=torch.bfloat16)   # the checked route, the same kernel
+    assert len(calls) == 2
+    calls.clear()
     layer_norm_fn(x, w, b, residual=r)
     assert len(calls) == 1
     layer_norm_fn(x, w, b, residual=r, dropout_p=0.1)
@@ -183,3 +190,89 @@ def test_compiled():
     y2 = c(x, w)
     gx2, gw2 = torch.autograd.grad(y2.float().square().sum(), (x, w))
     assert torch.equal(y, y2) and torch.equal(gx, gx2) and torch.equal(gw, gw2)
+
+
+@pytest.mark.parametrize("case", ["plain", "prenorm", "prenorm_fp32", "res_fp32_prenorm"])
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
+def test_fast_path_is_the_checked_route(monkeypatch, rms, case):
+    """The eager fast path (a cached cuflash.layer_norm.Entry, no checks; the first call makes it,
+    the second reuses it) gives what the checked route (EAGER_CACHE = False: _FusedNormFn /
+    cuflash.layer_norm.forward / backward) gives, bit for bit, forward and gradients, with and
+    without autograd; a misaligned x (a view one element in) takes one-element accesses."""
+    torch.manual_seed(11)
+    kw = CASES[case]
+    n, rows = 2048, 37
+    dt = torch.bfloat16
+    leaves = inputs(dt, dt, n, rows, not rms, kw.get("residual", False))
+    opts = dict(prenorm=kw.get("prenorm", False), residual_in_fp32=kw.get("residual_in_fp32", False),
+                is_rms_norm=rms, eps=1e-5)
+    g = torch.randn(rows, n, device="cuda", dtype=torch.float64)
+
+    def go(x, w, b, r):
+        out = layer_norm_fn(x, w, b, residual=r, **opts)
+        outs = list(out) if opts["prenorm"] else [out]
+        with torch.no_grad():
+            again = layer_norm_fn(x, w, b, residual=r, **opts)
+        loss = sum((o.double() * g).sum() for o in outs)
+        grads = torch.autograd.grad(loss, [t for t in (x, w, b, r) if t is not None])
+        return [o.detach() for o in outs] + list(again if opts["prenorm"] else [again]) + list(grads)
+
+    def leaves_grad():
+        return [t.detach().clone().requires_grad_(True) if t is not None else None for t in leaves]
+
+    ln_kernels.entries.clear()
+    first, second = go(*leaves_grad()), go(*leaves_grad())
+    assert len(ln_kernels.entries) == 1
+    monkeypatch.setattr(ops, "EAGER_CACHE", False)
+    checked = go(*leaves_grad())
+    for a, b, c in zip(first, second, checked):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    monkeypatch.setattr(ops, "EAGER_CACHE", True)
+    big = torch.empty(rows * n + 1, device="cuda", dtype=dt)
+    xm = big[1:].view(rows, n)   # 2 bytes past a 16-byte boundary
+    xm.copy_(leaves[0])
+    got = layer_norm_fn(xm, *leaves[1:3], residual=leaves[3], **opts)
+    want = layer_norm_fn(leaves[0], *leaves[1:3], residual=leaves[3], **opts)
+    for a, b in zip(got if opts["prenorm"] else [got], want if opts["prenorm"] else [want]):
+        assert torch.equal(a, b)
+
+
+def test_cuda_graph_replay():
+    """The eager fast path inside a CUDA graph (entries made by the warm-up on a side stream, as torch
+    asks): replays with new input values give the eager outputs, forward without autograd and
+    forward + backward."""
+    torch.manual_seed(12)
+    n, rows, dt = 1024, 16, torch.bfloat16
+    x, w, _, r = inputs(dt, dt, n, rows, False, True)
+    xg = x.clone().requires_grad_(True)
+    dy = torch.randn(rows, n, device="cuda", dtype=dt)
+
+    def step():
+        with torch.no_grad():
+            y, res = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        y2 = layer_norm_fn(xg, w, None, is_rms_norm=True)
+        (dx,) = torch.autograd.grad(y2, (xg,), dy)
+        return y, res, y2.detach(), dx
+
+    ln_kernels.entries.clear()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(ln_kernels.entries) == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for _ in range(2):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+            r.copy_(torch.randn_like(r))
+            xg.copy_(torch.randn_like(x))
+            dy.copy_(torch.randn_like(dy))
+        graph.replay()
+        want = step()
+        torch.cuda.synchronize()
+        for a, b in zip(outs, want):
+            assert torch.equal(a, b)

@@ -262,6 +262,13 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor, precomputed_l
                              f"precision), got {precomputed_lse.dtype}")
     if process_group is not None and not dist.is_initialized():
         raise ValueError("process_group is given but torch.distributed is not initialized")
+    if process_group is None and not (torch.is_grad_enabled() and logits.requires_grad) \
+            and (precomputed_lse is None or logit_scale != 1.0 or label_smoothing != 0.0) \
+            and not torch.compiler.is_compiling() and _kernel_route(logits, labels):
+        # nothing to differentiate: the kernel without autograd.Function's bookkeeping (host µs per call)
+        loss, z_loss, _, _ = _kernel_fwd(logits, labels, float(label_smoothing), float(logit_scale),
+                                         float(lse_square_scale), int(ignore_index), 0, logits.shape[1])
+        return loss, z_loss
     return CrossEntropyLossFunction.apply(logits, labels, precomputed_lse, float(label_smoothing), float(logit_scale),
                                           float(lse_square_scale), int(ignore_index), bool(inplace_backward),
                                           process_group)
