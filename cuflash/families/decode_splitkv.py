@@ -414,6 +414,13 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # dependent, as the contiguous call does. Session 27 (lead), one H100 80GB HBM3, tests/decode_paged_timing.py,
 # logs/session27_lead/r5: see the measurements there; without it page 16 at 1 x 8k was 1.10-1.16x the
 # contiguous call's time once the contiguous call took this rule (issue 13: paged within 10%).
+# Sessions 28-29: early first-block loads for pages lost (not merged; branches wip/dec22, wip/dec23). dec22 (one H100,
+# logs/session28_dec22/r1, decode_paged_timing 1 x 8k, us): page id, then Q and the block, then the length: page 16
+# 13.95 / 13.76 against this entry's 13.16 / 12.98. dec23 (one NVIDIA H200, results/NVIDIA_H200/logs/session29_dec23,
+# two rounds x two processes): id, length and staged table row issued together before any K/V load (SASS-checked):
+# page 16 13.36-13.60 against this entry's 12.68-12.84, page 256 13.19-13.53 against 12.42-12.58 (contiguous
+# 11.08-11.26). ncu: the gap is the paged kernel's steady K/V stream (same DRAM bytes, lower throughput), ~0.55 us of
+# it the contiguous call's faster start.
 REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
