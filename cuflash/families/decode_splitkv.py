@@ -421,6 +421,11 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # page 16 13.36-13.60 against this entry's 12.68-12.84, page 256 13.19-13.53 against 12.42-12.58 (contiguous
 # 11.08-11.26). ncu: the gap is the paged kernel's steady K/V stream (same DRAM bytes, lower throughput), ~0.55 us of
 # it the contiguous call's faster start.
+# dec25 (session 29, one NVIDIA H200, results/NVIDIA_H200/logs/session29_dec25/r1, the existing knobs, two processes,
+# us, page 16 / page 256, this entry 12.74, 12.67 / 12.43, 12.36, contiguous 11.13, 11.04): splits x8 / x24 / x32,
+# 4 or 16 warps, the fused combine, regs_order 1, the staged table's L1 prefetch, hints 2 and 5 and pdl 0 all tie or
+# lose. pdl 3 wins at page 16 only (12.58, 12.48; its L2 prefetch is skipped for paged caches: the same run-time work)
+# and loses at page 256 (12.55, 12.49). A device rule cannot match on page size, so nothing ships.
 REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
