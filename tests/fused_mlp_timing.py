@@ -1,0 +1,160 @@
+"""Fused MLP timing (not a test): cuflash.modules.mlp.FusedMLP against the plain torch composition
+nn.Linear → F.gelu(approximate='tanh') → nn.Linear, the same weights, in one process, bf16.
+
+Per shape (tokens, in, hidden): forward in training mode (the pre-activation kept), forward +
+backward, the inference forward (no_grad, eval: fc1's cuBLASLt GELU epilogue; heuristic -1: F.linear +
+dense_act.cu instead), the peak memory of a training step above the inputs, and checkpoint_lvl 1 / 2
+and relu / sqrelu at one shape. CUDA events around each call, warm-up first, median and min of the
+repeats. Host time: microseconds per eager call at 64 tokens (synchronized once after the loop).
+
+    python tests/fused_mlp_timing.py --out fused_mlp.json [--reps 30]
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cuflash.modules.mlp import FusedMLP
+
+SHAPES = {   # name: (tokens, in_features, hidden_features)
+    "gpt2s_8k": (8192, 768, 3072), "gpt2s_16k": (16384, 768, 3072),
+    "1.3b_8k": (8192, 2048, 8192), "1.3b_16k": (16384, 2048, 8192),
+    "llama7b_8k": (8192, 4096, 11008), "llama7b_16k": (16384, 4096, 11008),
+}
+
+
+class TorchMLP(nn.Module):
+    def __init__(self, n_in, hidden, act):
+        super().__init__()
+        self.fc1, self.fc2, self.act = nn.Linear(n_in, hidden), nn.Linear(hidden, n_in), act
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if self.act == "gelu_approx":
+            h = F.gelu(h, approximate="tanh")
+        elif self.act == "relu":
+            h = F.relu(h)
+        else:
+            h = torch.square(F.relu(h))
+        return self.fc2(h)
+
+
+def timed(fn, reps, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b))
+    return {"median_ms": statistics.median(ms), "min_ms": min(ms)}
+
+
+def host_us(fn, n=200):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def make(n_in, hidden, act="gelu_approx", lvl=0, heuristic="auto"):
+    torch.manual_seed(0)
+    ref = TorchMLP(n_in, hidden, act).cuda().to(torch.bfloat16)
+    fused = FusedMLP(n_in, hidden, activation=act, checkpoint_lvl=lvl, heuristic=heuristic, device="cuda",
+                     dtype=torch.bfloat16)
+    fused.load_state_dict({k: v for k, v in ref.state_dict().items()})
+    return ref, fused
+
+
+def train_fns(model, x, dy):
+    def fwd():
+        model(x)
+
+    def step():
+        for p in model.parameters():
+            p.grad = None
+        x.grad = None
+        model(x).backward(dy)
+    return fwd, step
+
+
+def peak_mb(step):
+    step()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    args = ap.parse_args()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16", "rows": {}}
+    for name in args.shapes.split(","):
+        tokens, n_in, hidden = SHAPES[name]
+        ref, fused = make(n_in, hidden)
+        x = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16)
+        row = {}
+        for tag, model in (("torch", ref), ("fused", fused)):
+            model.train()
+            fwd, step = train_fns(model, x, dy)
+            row[f"{tag}_fwd"] = timed(fwd, args.reps)
+            row[f"{tag}_fwdbwd"] = timed(step, args.reps)
+            row[f"{tag}_peak_mb"] = peak_mb(step)
+            model.eval()
+            with torch.no_grad():
+                row[f"{tag}_infer"] = timed(lambda: model(x), args.reps)
+        fused.heuristic = -1
+        with torch.no_grad():
+            row["fused_infer_h-1"] = timed(lambda: fused(x), args.reps)
+        if name == "1.3b_16k":
+            for lvl in (1, 2):
+                _, f2 = make(n_in, hidden, lvl=lvl)
+                fwd, step = train_fns(f2, x, dy)
+                row[f"fused_lvl{lvl}_fwdbwd"] = timed(step, args.reps)
+                row[f"fused_lvl{lvl}_peak_mb"] = peak_mb(step)
+            for act in ("relu", "sqrelu"):
+                r2, f2 = make(n_in, hidden, act=act)
+                for tag, model in (("torch", r2), ("fused", f2)):
+                    fwd, step = train_fns(model, x, dy)
+                    row[f"{tag}_{act}_fwdbwd"] = timed(step, args.reps)
+        res["rows"][name] = row
+        print(name, json.dumps({k: (round(v["median_ms"], 4) if isinstance(v, dict) else round(v, 1))
+                                for k, v in row.items()}), flush=True)
+        del ref, fused, x, dy
+        torch.cuda.empty_cache()
+    # host time per eager call, 64 tokens of GPT-2 small
+    ref, fused = make(768, 3072)
+    x = torch.randn(64, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 768, device="cuda", dtype=torch.bfloat16)
+    host = {}
+    for tag, model in (("torch", ref), ("fused", fused)):
+        fwd, step = train_fns(model, x, dy)
+        host[f"{tag}_fwd_us"] = host_us(fwd)
+        host[f"{tag}_fwdbwd_us"] = host_us(step)
+    res["host_64_tokens"] = host
+    print("host", json.dumps({k: round(v, 1) for k, v in host.items()}), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
