@@ -87,6 +87,12 @@ def test_names():
              "get_triton_activation_kernel", "get_triton_activation_bwd_kernel")
     assert all(hasattr(k_activations, n) for n in names)
     assert isinstance(FusedDense(3, 4), torch.nn.Linear)
+    from cuflash import rotary
+    from cuflash.ops.triton import rotary as trot
+    assert trot.apply_rotary is rotary.apply_rotary
+    assert params(trot.apply_rotary) == ["x", "cos", "sin", ("seqlen_offsets", 0), ("cu_seqlens", None),
+                                         ("max_seqlen", None), ("interleaved", False), ("inplace", False),
+                                         ("conjugate", False)]
 
 
 def leaves(rows=(2, 5), n_in=7, hidden=11, n_out=6, bias=True, seed=0):
