@@ -293,16 +293,17 @@ def fused_dense_func(x: Tensor, weight: Tensor, bias=None, return_residual: bool
     (replicated x). return_residual: also return x (this rank's). CUDA fp16 / bf16 calls with
     return_residual run ``FusedDenseFunc`` (the residual's gradient added inside the dx GEMM); the
     others F.linear with torch's autograd (cuBLASLt's bias epilogue already: nothing else to fuse)."""
+    grouped = not (process_group is None or _one_rank(process_group))
+    if grouped and x.dim() < 2:
+        raise ValueError(f"x must have at least 2 dimensions (rows, features) with a process_group, got shape "
+                         f"{tuple(x.shape)}")
     _check_linear(x, weight, bias)
     _check_dtypes(x, (("weight", weight), ("bias", bias)))
-    if process_group is None or _one_rank(process_group):
+    if not grouped:
         if return_residual and _takes_fused(x, weight, bias):
             return FusedDenseFunc.apply(x, weight, bias, True, None, sequence_parallel)
         out = F.linear(x, weight, bias)
     else:
-        if x.dim() < 2:
-            raise ValueError(f"x must have at least 2 dimensions (rows, features) with a process_group, got shape "
-                             f"{tuple(x.shape)}")
         rows = x.shape[0] * (dist.get_world_size(process_group) if sequence_parallel else 1)
         out = _ColumnParallelLinearFunc.apply(x.reshape(-1, x.shape[-1]), weight, bias, process_group,
                                               sequence_parallel).view(rows, *x.shape[1:-1], weight.shape[0])
