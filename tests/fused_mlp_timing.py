@@ -141,6 +141,29 @@ def main():
                                 for k, v in row.items()}), flush=True)
         del ref, fused, x, dy
         torch.cuda.empty_cache()
+    # the element-wise kernels alone against torch's ops on the same (tokens, hidden) bf16 matrices:
+    # forward act(pre) vs F.gelu(tanh); backward dpre + dbias vs gelu_backward + sum(0); CTAS_PER_SM variants
+    from cuflash import dense_act
+    kern = {}
+    for tokens, hidden in ((16384, 3072), (16384, 8192), (16384, 11008)):
+        pre = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        g = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+        gb = 2 * tokens * hidden / 1e9   # GB of one (tokens, hidden) bf16 matrix
+        k = {"torch_fwd": timed(lambda: F.gelu(pre, approximate="tanh"), args.reps),
+             "torch_bwd": timed(lambda: torch.ops.aten.gelu_backward(g, pre, approximate="tanh").sum(0), args.reps)}
+        default = dense_act.CTAS_PER_SM
+        for c in (4, 8, 16):
+            dense_act.CTAS_PER_SM = c
+            k[f"fwd_c{c}"] = timed(lambda: dense_act.forward(pre, "gelu_approx"), args.reps)
+            k[f"bwd_c{c}"] = timed(lambda: dense_act.backward(g, pre, "gelu_approx", True), args.reps)
+        dense_act.CTAS_PER_SM = default
+        for key, v in k.items():   # fwd: pre read, out written; bwd: g, pre read, dpre written
+            v["tb_s"] = (2 if "fwd" in key else 3) * gb / v["median_ms"]
+        kern[f"{tokens}x{hidden}"] = k
+        print("kernels", tokens, hidden, json.dumps({key: [round(v["median_ms"], 4), round(v["tb_s"], 2)]
+                                                      for key, v in k.items()}), flush=True)
+        del pre, g
+    res["kernels"] = kern
     # host time per eager call, 64 tokens of GPT-2 small
     ref, fused = make(768, 3072)
     x = torch.randn(64, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
