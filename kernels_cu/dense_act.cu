@@ -9,12 +9,14 @@
 // act (kAct): 0 gelu_approx  0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))   (F.gelu(approximate='tanh'))
 //             1 relu         max(x, 0)                  act' = 1 where x > 0 (torch's)
 //             2 sqrelu       relu(x)²                   act' = 2 relu(x)
-// fp32 arithmetic, one rounding of out / dpre to Elem; dbias sums the unrounded fp32 dpre.
+// fp32 arithmetic (tanh through ex2.approx: tanh_fast), one rounding of out / dpre to Elem; dbias
+// sums the unrounded fp32 dpre.
 //
 // Work split (both kernels): a CTA of kDaThreads threads covers 8 · kDaThreads columns (a
 // thread 8 neighbouring columns: 16-byte accesses when kVector) over one row split, gridDim.y =
 // splits, rows [split · rows_per_split, ...). A thread walks its split's rows kDaRows at a time,
-// all their loads issued before any arithmetic, so each thread keeps kDaRows · 32 bytes in flight.
+// all their loads issued before any arithmetic (kept packed: 4 registers per 8 elements), so each
+// thread keeps kDaRows · 16 bytes per input in flight with kDaMinBlocks CTAs resident per SM.
 // The backward's thread keeps its 8 columns' dbias sums in registers across the split and writes
 // them to partials[split] at the end; dense_act_bwd_finish adds the splits per column in a fixed
 // order (no atomics: the same dbias every run).
@@ -36,15 +38,23 @@
 namespace cuflash {
 
 constexpr int kDaThreads = 128;        // threads per CTA: 1024 columns
-constexpr int kDaRows = 4;             // rows per step of a thread (loads in flight)
+constexpr int kDaMinBlocks = 8;        // __launch_bounds__' CTAs per SM: at most 64 registers a thread
+constexpr int kDaRows = 4;             // rows per step of a thread (loads in flight); 2 without kVector,
+                                       // whose bounds-checked chunks take more registers
 constexpr int kDaFinishThreads = 256;  // dense_act_bwd_finish: a thread per column
 
 constexpr int kActGeluApprox = 0;
 constexpr int kActRelu = 1;
 constexpr int kActSqrelu = 2;
 
-// act(x) and act'(x) in fp32. tanhf, not tanh.approx: the approximate tanh's error (about 2^-11
-// relative) would show in fp16's gradients.
+// tanh(u) = 1 - 2 / (2^(2u·log2 e) + 1): one ex2.approx and one fast division where tanhf takes a
+// longer sequence that made the kernels compute-bound; the error, a few fp32 ulps of 1 (absolute),
+// is far below the rounding of bf16 / fp16 outputs. u → +inf: 2 / inf = 0, t = 1; u → -inf: t = -1.
+__device__ __forceinline__ float tanh_fast(float u) {
+    return 1.f - __fdividef(2.f, exp2_approx(2.8853900817779268f * u) + 1.f);
+}
+
+// act(x) and act'(x) in fp32.
 template <int kAct>
 struct Activation {
     static_assert(kAct == kActGeluApprox || kAct == kActRelu || kAct == kActSqrelu, "kAct: 0, 1 or 2");
@@ -53,7 +63,7 @@ struct Activation {
 
     static __device__ __forceinline__ float fwd(float x) {
         if (kAct == kActGeluApprox) {
-            const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+            const float t = tanh_fast(kSqrt2OverPi * (x + kCubic * x * x * x));
             return 0.5f * x * (1.f + t);
         }
         const float r = fmaxf(x, 0.f);
@@ -61,7 +71,7 @@ struct Activation {
     }
     static __device__ __forceinline__ float grad(float x) {
         if (kAct == kActGeluApprox) {
-            const float t = tanhf(kSqrt2OverPi * (x + kCubic * x * x * x));
+            const float t = tanh_fast(kSqrt2OverPi * (x + kCubic * x * x * x));
             return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kCubic * x * x);
         }
         if (kAct == kActRelu) return x > 0.f ? 1.f : 0.f;
@@ -69,41 +79,46 @@ struct Activation {
     }
 };
 
-// 8 neighbouring 16-bit elements <-> 8 fp32 values: one 16-byte access (kVector) or eight
-// bounds-checked ones (columns >= n load as 0 and are not stored). kNc: ld.global.nc, for
-// tensors no thread of the kernel writes.
-template <class Elem, bool kVector, bool kNc>
-__device__ __forceinline__ void da_load8(const void* base, i64 i, int col, int n, float (&v)[8]) {
+// 8 neighbouring 16-bit elements as loaded: element 2k in the low half of w[k]. The loads of a
+// step stay packed (4 registers per 8 elements, not 8 floats) and are widened one element at a
+// time, so that the unrolled rows fit the 64-register budget of kDaMinBlocks CTAs per SM.
+struct DaChunk {
+    u32 w[4];
+    template <class Elem>
+    __device__ __forceinline__ float get(int k) const {
+        return to_float<Elem>(static_cast<u16>(k & 1 ? w[k >> 1] >> 16 : w[k >> 1] & 0xffffu));
+    }
+};
+
+// One chunk of columns col .. col + 7 (col < n): one 16-byte access (kVector: the whole chunk is
+// in the row) or eight bounds-checked ones (columns >= n load as 0 and are not stored). kNc:
+// ld.global.nc, for tensors no thread of the kernel writes.
+template <bool kVector, bool kNc>
+__device__ __forceinline__ DaChunk da_load(const void* base, i64 i, int col, int n) {
     const u16* p = static_cast<const u16*>(base) + i;
+    DaChunk c;
     if (kVector) {
-        if (col < n) {
-            const uint4 w = kNc ? __ldg(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
-            const u32 words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                v[2 * k] = to_float<Elem>(static_cast<u16>(words[k] & 0xffffu));
-                v[2 * k + 1] = to_float<Elem>(static_cast<u16>(words[k] >> 16));
-            }
-            return;
-        }
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = 0.f;
+        const uint4 v = kNc ? __ldg(reinterpret_cast<const uint4*>(p)) : *reinterpret_cast<const uint4*>(p);
+        c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
     } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = col + k < n ? to_float<Elem>(p[k]) : 0.f;
+        for (int k = 0; k < 4; ++k) {
+            const u32 lo = col + 2 * k < n ? p[2 * k] : 0u;
+            const u32 hi = col + 2 * k + 1 < n ? p[2 * k + 1] : 0u;
+            c.w[k] = lo | (hi << 16);
+        }
     }
+    return c;
 }
-template <class Elem, bool kVector>
-__device__ __forceinline__ void da_store8(void* base, i64 i, int col, int n, const float (&v)[8]) {
+template <bool kVector>
+__device__ __forceinline__ void da_store(void* base, i64 i, int col, int n, const DaChunk& c) {
     u16* p = static_cast<u16*>(base) + i;
     if (kVector) {
-        if (col < n)
-            *reinterpret_cast<u32x4*>(p) = u32x4{pack2<Elem>(v[0], v[1]), pack2<Elem>(v[2], v[3]),
-                                                 pack2<Elem>(v[4], v[5]), pack2<Elem>(v[6], v[7])};
+        *reinterpret_cast<u32x4*>(p) = u32x4{c.w[0], c.w[1], c.w[2], c.w[3]};
     } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            if (col + k < n) p[k] = static_cast<u16>(pack2<Elem>(v[k], 0.f) & 0xffffu);
+            if (col + k < n) p[k] = static_cast<u16>(k & 1 ? c.w[k >> 1] >> 16 : c.w[k >> 1] & 0xffffu);
     }
 }
 
@@ -115,53 +130,61 @@ __device__ __forceinline__ void da_split_rows(const DenseActParams& p, int& row_
 
 // out = act(pre).
 template <class Elem, int kAct, bool kVector>
-__global__ void __launch_bounds__(kDaThreads) dense_act_fwd(const DenseActParams p) {
+__global__ void __launch_bounds__(kDaThreads, kDaMinBlocks) dense_act_fwd(const DenseActParams p) {
+    constexpr int kRows = kVector ? kDaRows : 2;
     const int col = (blockIdx.x * kDaThreads + threadIdx.x) * 8;
     if (col >= p.n) return;
     int row_begin, row_end;
     da_split_rows(p, row_begin, row_end);
-    for (int r0 = row_begin; r0 < row_end; r0 += kDaRows) {
-        float v[kDaRows][8];
+    for (int r0 = row_begin; r0 < row_end; r0 += kRows) {
+        DaChunk x[kRows];
 #pragma unroll
-        for (int j = 0; j < kDaRows; ++j)
-            if (r0 + j < row_end) da_load8<Elem, kVector, true>(p.pre, i64(r0 + j) * p.n + col, col, p.n, v[j]);
+        for (int j = 0; j < kRows; ++j)
+            if (r0 + j < row_end) x[j] = da_load<kVector, true>(p.pre, i64(r0 + j) * p.n + col, col, p.n);
 #pragma unroll
-        for (int j = 0; j < kDaRows; ++j) {
+        for (int j = 0; j < kRows; ++j) {
             if (r0 + j >= row_end) break;
+            DaChunk y;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) v[j][k] = Activation<kAct>::fwd(v[j][k]);
-            da_store8<Elem, kVector>(p.out, i64(r0 + j) * p.n + col, col, p.n, v[j]);
+            for (int k = 0; k < 4; ++k)
+                y.w[k] = pack2<Elem>(Activation<kAct>::fwd(x[j].template get<Elem>(2 * k)),
+                                     Activation<kAct>::fwd(x[j].template get<Elem>(2 * k + 1)));
+            da_store<kVector>(p.out, i64(r0 + j) * p.n + col, col, p.n, y);
         }
     }
 }
 
 // dpre = grad · act'(pre); partials[split] = Σ_split's rows dpre (kBias).
 template <class Elem, int kAct, bool kVector, bool kBias>
-__global__ void __launch_bounds__(kDaThreads) dense_act_bwd(const DenseActParams p) {
+__global__ void __launch_bounds__(kDaThreads, kDaMinBlocks) dense_act_bwd(const DenseActParams p) {
+    constexpr int kRows = kVector ? kDaRows : 2;
     const int col = (blockIdx.x * kDaThreads + threadIdx.x) * 8;
     if (col >= p.n) return;
     int row_begin, row_end;
     da_split_rows(p, row_begin, row_end);
     float dbias[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int r0 = row_begin; r0 < row_end; r0 += kDaRows) {
-        float g[kDaRows][8], x[kDaRows][8];
+    for (int r0 = row_begin; r0 < row_end; r0 += kRows) {
+        DaChunk g[kRows], x[kRows];
 #pragma unroll
-        for (int j = 0; j < kDaRows; ++j) {
+        for (int j = 0; j < kRows; ++j) {
             if (r0 + j < row_end) {
                 const i64 i = i64(r0 + j) * p.n + col;
-                da_load8<Elem, kVector, false>(p.grad, i, col, p.n, g[j]);   // may alias dpre
-                da_load8<Elem, kVector, true>(p.pre, i, col, p.n, x[j]);
+                g[j] = da_load<kVector, false>(p.grad, i, col, p.n);   // may alias dpre
+                x[j] = da_load<kVector, true>(p.pre, i, col, p.n);
             }
         }
 #pragma unroll
-        for (int j = 0; j < kDaRows; ++j) {
+        for (int j = 0; j < kRows; ++j) {
             if (r0 + j >= row_end) break;
+            DaChunk d;
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                g[j][k] *= Activation<kAct>::grad(x[j][k]);
-                if (kBias) dbias[k] += g[j][k];
+            for (int k = 0; k < 4; ++k) {
+                const float d0 = g[j].template get<Elem>(2 * k) * Activation<kAct>::grad(x[j].template get<Elem>(2 * k));
+                const float d1 = g[j].template get<Elem>(2 * k + 1) * Activation<kAct>::grad(x[j].template get<Elem>(2 * k + 1));
+                if (kBias) dbias[2 * k] += d0, dbias[2 * k + 1] += d1;
+                d.w[k] = pack2<Elem>(d0, d1);
             }
-            da_store8<Elem, kVector>(p.dpre, i64(r0 + j) * p.n + col, col, p.n, g[j]);
+            da_store<kVector>(p.dpre, i64(r0 + j) * p.n + col, col, p.n, d);
         }
     }
     if (kBias) {

@@ -4,13 +4,19 @@ nn.Linear → F.gelu(approximate='tanh') → nn.Linear, the same weights, in one
 Per shape (tokens, in, hidden): forward in training mode (the pre-activation kept), forward +
 backward, the inference forward (no_grad, eval: fc1's cuBLASLt GELU epilogue; heuristic -1: F.linear +
 dense_act.cu instead), the peak memory of a training step above the inputs, and checkpoint_lvl 1 / 2
-and relu / sqrelu at one shape. CUDA events around each call, warm-up first, median and min of the
-repeats. Host time: microseconds per eager call at 64 tokens (synchronized once after the loop).
+and relu / sqrelu at one shape. Peers of one comparison are interleaved call by call (the order
+rotating each repeat), so clock and temperature drift fall on all of them alike; CUDA events around
+each call, warm-up first, median and min. The element-wise kernels alone against torch's ops, with
+CTAS_PER_SM variants. Host time: microseconds per eager call at 64 tokens (synchronized once after
+the loop), and a cProfile of the fused calls (--profile FILE).
 
-    python tests/fused_mlp_timing.py --out fused_mlp.json [--reps 30]
+    python tests/fused_mlp_timing.py --out fused_mlp.json [--reps 30] [--profile host.txt]
 """
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import time
 
@@ -18,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cuflash import dense_act
 from cuflash.modules.mlp import FusedMLP
 
 SHAPES = {   # name: (tokens, in_features, hidden_features)
@@ -43,19 +50,24 @@ class TorchMLP(nn.Module):
         return self.fc2(h)
 
 
-def timed(fn, reps, warmup=5):
+def timed(fns: dict, reps, warmup=3):
+    """{name: {median_ms, min_ms}}: the calls interleaved, the order rotating each repeat."""
+    names = list(fns)
     for _ in range(warmup):
-        fn()
+        for n in names:
+            fns[n]()
     torch.cuda.synchronize()
-    ms = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b))
-    return {"median_ms": statistics.median(ms), "min_ms": min(ms)}
+    ms = {n: [] for n in names}
+    for r in range(reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[n]()
+            b.record()
+            b.synchronize()
+            ms[n].append(a.elapsed_time(b))
+    return {n: {"median_ms": statistics.median(v), "min_ms": min(v)} for n, v in ms.items()}
 
 
 def host_us(fn, n=200):
@@ -74,7 +86,7 @@ def make(n_in, hidden, act="gelu_approx", lvl=0, heuristic="auto"):
     ref = TorchMLP(n_in, hidden, act).cuda().to(torch.bfloat16)
     fused = FusedMLP(n_in, hidden, activation=act, checkpoint_lvl=lvl, heuristic=heuristic, device="cuda",
                      dtype=torch.bfloat16)
-    fused.load_state_dict({k: v for k, v in ref.state_dict().items()})
+    fused.load_state_dict(ref.state_dict())
     return ref, fused
 
 
@@ -105,64 +117,69 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--profile", default="")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16", "rows": {}}
     for name in args.shapes.split(","):
         tokens, n_in, hidden = SHAPES[name]
         ref, fused = make(n_in, hidden)
+        _, fused_h1 = make(n_in, hidden, heuristic=-1)
         x = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16)
+        tf, ts = train_fns(ref, x, dy)
+        ff, fs = train_fns(fused, x, dy)
         row = {}
-        for tag, model in (("torch", ref), ("fused", fused)):
-            model.train()
-            fwd, step = train_fns(model, x, dy)
-            row[f"{tag}_fwd"] = timed(fwd, args.reps)
-            row[f"{tag}_fwdbwd"] = timed(step, args.reps)
-            row[f"{tag}_peak_mb"] = peak_mb(step)
-            model.eval()
-            with torch.no_grad():
-                row[f"{tag}_infer"] = timed(lambda: model(x), args.reps)
-        fused.heuristic = -1
-        with torch.no_grad():
-            row["fused_infer_h-1"] = timed(lambda: fused(x), args.reps)
+        row.update({f"{k}_fwd": v for k, v in timed({"torch": tf, "fused": ff}, args.reps).items()})
+        steps = {"torch": ts, "fused": fs}
         if name == "1.3b_16k":
             for lvl in (1, 2):
-                _, f2 = make(n_in, hidden, lvl=lvl)
-                fwd, step = train_fns(f2, x, dy)
-                row[f"fused_lvl{lvl}_fwdbwd"] = timed(step, args.reps)
-                row[f"fused_lvl{lvl}_peak_mb"] = peak_mb(step)
+                steps[f"fused_lvl{lvl}"] = train_fns(make(n_in, hidden, lvl=lvl)[1], x, dy)[1]
+        row.update({f"{k}_fwdbwd": v for k, v in timed(steps, args.reps).items()})
+        for k, step in steps.items():
+            row[f"{k}_peak_mb"] = peak_mb(step)
+        for m in (ref, fused, fused_h1):
+            m.eval()
+        with torch.no_grad():
+            inf = timed({"torch": lambda: ref(x), "fused": lambda: fused(x), "fused_h-1": lambda: fused_h1(x)},
+                        args.reps)
+        row.update({f"{k}_infer": v for k, v in inf.items()})
+        if name == "1.3b_16k":
+            acts = {}
             for act in ("relu", "sqrelu"):
                 r2, f2 = make(n_in, hidden, act=act)
-                for tag, model in (("torch", r2), ("fused", f2)):
-                    fwd, step = train_fns(model, x, dy)
-                    row[f"{tag}_{act}_fwdbwd"] = timed(step, args.reps)
+                acts[f"torch_{act}"] = train_fns(r2, x, dy)[1]
+                acts[f"fused_{act}"] = train_fns(f2, x, dy)[1]
+            row.update({f"{k}_fwdbwd": v for k, v in timed(acts, args.reps).items()})
         res["rows"][name] = row
         print(name, json.dumps({k: (round(v["median_ms"], 4) if isinstance(v, dict) else round(v, 1))
                                 for k, v in row.items()}), flush=True)
-        del ref, fused, x, dy
-        torch.cuda.empty_cache()
     # the element-wise kernels alone against torch's ops on the same (tokens, hidden) bf16 matrices:
     # forward act(pre) vs F.gelu(tanh); backward dpre + dbias vs gelu_backward + sum(0); CTAS_PER_SM variants
-    from cuflash import dense_act
     kern = {}
+    default = dense_act.CTAS_PER_SM
+
+    def with_ctas(c, fn):
+        def run():
+            dense_act.CTAS_PER_SM = c
+            fn()
+        return run
+
     for tokens, hidden in ((16384, 3072), (16384, 8192), (16384, 11008)):
         pre = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         g = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
         gb = 2 * tokens * hidden / 1e9   # GB of one (tokens, hidden) bf16 matrix
-        k = {"torch_fwd": timed(lambda: F.gelu(pre, approximate="tanh"), args.reps),
-             "torch_bwd": timed(lambda: torch.ops.aten.gelu_backward(g, pre, approximate="tanh").sum(0), args.reps)}
-        default = dense_act.CTAS_PER_SM
+        fwd = {"torch_fwd": lambda: F.gelu(pre, approximate="tanh")}
+        bwd = {"torch_bwd": lambda: torch.ops.aten.gelu_backward(g, pre, approximate="tanh").sum(0)}
         for c in (4, 8, 16):
-            dense_act.CTAS_PER_SM = c
-            k[f"fwd_c{c}"] = timed(lambda: dense_act.forward(pre, "gelu_approx"), args.reps)
-            k[f"bwd_c{c}"] = timed(lambda: dense_act.backward(g, pre, "gelu_approx", True), args.reps)
+            fwd[f"fwd_c{c}"] = with_ctas(c, lambda: dense_act.forward(pre, "gelu_approx"))
+            bwd[f"bwd_c{c}"] = with_ctas(c, lambda: dense_act.backward(g, pre, "gelu_approx", True))
+        k = {**timed(fwd, args.reps), **timed(bwd, args.reps)}
         dense_act.CTAS_PER_SM = default
         for key, v in k.items():   # fwd: pre read, out written; bwd: g, pre read, dpre written
             v["tb_s"] = (2 if "fwd" in key else 3) * gb / v["median_ms"]
         kern[f"{tokens}x{hidden}"] = k
         print("kernels", tokens, hidden, json.dumps({key: [round(v["median_ms"], 4), round(v["tb_s"], 2)]
                                                       for key, v in k.items()}), flush=True)
-        del pre, g
     res["kernels"] = kern
     # host time per eager call, 64 tokens of GPT-2 small
     ref, fused = make(768, 3072)
@@ -175,6 +192,18 @@ def main():
         host[f"{tag}_fwdbwd_us"] = host_us(step)
     res["host_64_tokens"] = host
     print("host", json.dumps({k: round(v, 1) for k, v in host.items()}), flush=True)
+    if args.profile:
+        step = train_fns(fused, x, dy)[1]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            step()
+        torch.cuda.synchronize()
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+        with open(args.profile, "w") as f:
+            f.write(out.getvalue())
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 

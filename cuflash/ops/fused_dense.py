@@ -55,6 +55,8 @@ exercise that path on one GPU).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -154,6 +156,12 @@ def _autocast_dtype(device_type: str):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
+def _no_autocast(device_type: str):
+    """A context with autocast off: torch.autocast(enabled=False) where autocast is on, else nothing
+    (entering torch.autocast costs host time on every call)."""
+    return torch.autocast(device_type, enabled=False) if torch.is_autocast_enabled(device_type) else nullcontext()
+
+
 def _takes_fused(x: Tensor, *tensors) -> bool:
     """Whether a call runs FusedMLPFunc's CUDA path: flash-attn's rule (CUDA, fp16 / bf16, or
     fp32 under autocast), every tensor on CUDA."""
@@ -248,7 +256,7 @@ class FusedDenseFunc(torch.autograd.Function):
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
         gather = process_group is not None and sequence_parallel
         total_x = all_gather_raw(x, process_group)[0] if gather else x
-        with torch.autocast(x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             out = F.linear(total_x, weight, bias)
         return (out, x) if return_residual else out
 
@@ -363,7 +371,7 @@ class FusedMLPFunc(torch.autograd.Function):
         if handle is not None:
             handle.wait()
         lead = total_x.shape[:-1]
-        with torch.autocast(x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             pre, out1 = _fc1_act(total_x.reshape(-1, total_x.shape[-1]), weight1, bias1, activation, heuristic,
                                  keep_pre=checkpoint_lvl != 2)
             out2 = F.linear(out1, weight2, bias2)
@@ -392,7 +400,7 @@ class FusedMLPFunc(torch.autograd.Function):
                 total_x, gather = all_gather_raw(x, group, async_op=True)
         else:
             total_x = x
-        with torch.autocast(x.device.type, enabled=False):
+        with _no_autocast(x.device.type):
             if lvl == 0:
                 pre, out1 = rest
             elif lvl == 1:
