@@ -8,9 +8,10 @@ and relu / sqrelu at one shape. Peers of one comparison are interleaved call by 
 rotating each repeat), so clock and temperature drift fall on all of them alike; CUDA events around
 each call, warm-up first, median and min. The element-wise kernels alone against torch's ops, with
 CTAS_PER_SM variants. Host time: microseconds per eager call at 64 tokens (synchronized once after
-the loop), and a cProfile of the fused calls (--profile FILE).
+the loop), and a cProfile of the fused calls (--profile FILE). --gpt: GPT-2 small training steps
+with config.fused_mlp (and fused_bias_fc) on and off.
 
-    python tests/fused_mlp_timing.py --out fused_mlp.json [--reps 30] [--profile host.txt]
+    python tests/fused_mlp_timing.py --out fused_mlp.json [--reps 30] [--profile host.txt] [--gpt]
 """
 import argparse
 import cProfile
@@ -112,12 +113,51 @@ def peak_mb(step):
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
+def gpt2_small_steps(reps) -> dict:
+    """GPT-2 small (cuflash.models.gpt, gelu_new, bf16, batch 8 x 1024, cuflash attention) training
+    steps with config.fused_mlp (FusedMLP) and without (Mlp: nn.Linear + tanh GELU), the same weights,
+    interleaved; the switches fused_bias_fc on / off ride along (FusedDense projections)."""
+    from cuflash.models.gpt import GPT2Config, GPTLMHeadModel
+
+    def model(**kw):
+        cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12,
+                         pad_vocab_size_multiple=8, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         activation_function="gelu_new", use_flash_attn=True, **kw)
+        torch.manual_seed(0)
+        return GPTLMHeadModel(cfg, device="cuda", dtype=torch.bfloat16)
+
+    models = {"plain": model(), "fused_mlp": model(fused_mlp=True),
+              "fused_mlp_bias_fc": model(fused_mlp=True, fused_bias_fc=True)}
+    for m in models.values():
+        m.load_state_dict(models["plain"].state_dict())
+    ids = torch.randint(0, 50257, (8, 1024), device="cuda")
+    labels = torch.randint(0, 50257, (8, 1024), device="cuda")
+    losses = {}
+
+    def step(name):
+        def run():
+            m = models[name]
+            m.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(m(ids).logits.flatten(0, 1).float(), labels.flatten())
+            loss.backward()
+            losses[name] = loss
+        return run
+
+    out = timed({n: step(n) for n in models}, max(10, reps // 2))
+    for n, v in out.items():
+        v["loss"] = losses[n].item()
+    print("gpt2_small", json.dumps({n: [round(v["median_ms"], 3), round(v["loss"], 5)] for n, v in out.items()}),
+          flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--profile", default="")
+    ap.add_argument("--gpt", action="store_true", help="also GPT-2 small training steps, fused_mlp on / off")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bf16", "rows": {}}
     for name in args.shapes.split(","):
@@ -181,6 +221,8 @@ def main():
         print("kernels", tokens, hidden, json.dumps({key: [round(v["median_ms"], 4), round(v["tb_s"], 2)]
                                                       for key, v in k.items()}), flush=True)
     res["kernels"] = kern
+    if args.gpt:
+        res["gpt2_small"] = gpt2_small_steps(args.reps)
     # host time per eager call, 64 tokens of GPT-2 small
     ref, fused = make(768, 3072)
     x = torch.randn(64, 768, device="cuda", dtype=torch.bfloat16, requires_grad=True)
