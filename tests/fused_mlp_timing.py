@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from cuflash import dense_act
 from cuflash.modules.mlp import FusedMLP
+from cuflash.ops import fused_dense
 
 SHAPES = {   # name: (tokens, in_features, hidden_features)
     "gpt2s_8k": (8192, 768, 3072), "gpt2s_16k": (16384, 768, 3072),
@@ -103,6 +104,18 @@ def train_fns(model, x, dy):
     return fwd, step
 
 
+def forced(fn):
+    """fn with the fused path forced (fused_dense.FUSED_MIN_ELEMENTS 0 during the call)."""
+    def run():
+        default = fused_dense.FUSED_MIN_ELEMENTS
+        fused_dense.FUSED_MIN_ELEMENTS = 0
+        try:
+            fn()
+        finally:
+            fused_dense.FUSED_MIN_ELEMENTS = default
+    return run
+
+
 def peak_mb(step):
     step()
     torch.cuda.synchronize()
@@ -127,7 +140,8 @@ def gpt2_small_steps(reps) -> dict:
         return GPTLMHeadModel(cfg, device="cuda", dtype=torch.bfloat16)
 
     models = {"plain": model(), "fused_mlp": model(fused_mlp=True),
-              "fused_mlp_bias_fc": model(fused_mlp=True, fused_bias_fc=True)}
+              "fused_mlp_bias_fc": model(fused_mlp=True, fused_bias_fc=True), "fused_mlp_lvl1": model(
+                  fused_mlp=True, mlp_checkpoint_lvl=1)}
     for m in models.values():
         m.load_state_dict(models["plain"].state_dict())
     ids = torch.randint(0, 50257, (8, 1024), device="cuda")
@@ -168,9 +182,11 @@ def main():
         dy = torch.randn(tokens, n_in, device="cuda", dtype=torch.bfloat16)
         tf, ts = train_fns(ref, x, dy)
         ff, fs = train_fns(fused, x, dy)
+        # "fused": the default routing (fused_dense.FUSED_MIN_ELEMENTS); "fused_kernel": the fused path forced
+        kf, ks = forced(ff), forced(fs)
         row = {}
-        row.update({f"{k}_fwd": v for k, v in timed({"torch": tf, "fused": ff}, args.reps).items()})
-        steps = {"torch": ts, "fused": fs}
+        row.update({f"{k}_fwd": v for k, v in timed({"torch": tf, "fused": ff, "fused_kernel": kf}, args.reps).items()})
+        steps = {"torch": ts, "fused": fs, "fused_kernel": ks}
         if name == "1.3b_16k":
             for lvl in (1, 2):
                 steps[f"fused_lvl{lvl}"] = train_fns(make(n_in, hidden, lvl=lvl)[1], x, dy)[1]
@@ -210,7 +226,7 @@ def main():
         gb = 2 * tokens * hidden / 1e9   # GB of one (tokens, hidden) bf16 matrix
         fwd = {"torch_fwd": lambda: F.gelu(pre, approximate="tanh")}
         bwd = {"torch_bwd": lambda: torch.ops.aten.gelu_backward(g, pre, approximate="tanh").sum(0)}
-        for c in (4, 8, 16):
+        for c in (8,):
             fwd[f"fwd_c{c}"] = with_ctas(c, lambda: dense_act.forward(pre, "gelu_approx"))
             bwd[f"bwd_c{c}"] = with_ctas(c, lambda: dense_act.backward(g, pre, "gelu_approx", True))
         k = {**timed(fwd, args.reps), **timed(bwd, args.reps)}
@@ -232,10 +248,18 @@ def main():
         fwd, step = train_fns(model, x, dy)
         host[f"{tag}_fwd_us"] = host_us(fwd)
         host[f"{tag}_fwdbwd_us"] = host_us(step)
+    fwd, step = train_fns(fused, x, dy)
+    host["fused_kernel_fwd_us"] = host_us(forced(fwd))
+    host["fused_kernel_fwdbwd_us"] = host_us(forced(step))
+    for tag, model in (("torch", ref), ("fused", fused)):
+        model.eval()
+        with torch.no_grad():
+            host[f"{tag}_infer_us"] = host_us(lambda: model(x))
     res["host_64_tokens"] = host
     print("host", json.dumps({k: round(v, 1) for k, v in host.items()}), flush=True)
     if args.profile:
-        step = train_fns(fused, x, dy)[1]
+        fused.train()
+        step = forced(train_fns(fused, x, dy)[1])
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):

@@ -262,6 +262,33 @@ def test_routes(monkeypatch):
     assert not fused_dense.epilogue_takes(misaligned, w, b, "relu", 0)
 
 
+def test_small_training_calls_take_the_composition(monkeypatch):
+    """FUSED_MIN_ELEMENTS: lvl-0 gelu_approx / relu training calls below it take the torch composition;
+    sqrelu, lvl 1 / 2 and save_pre_act=False never; calls with nothing to differentiate run the forward
+    without the autograd.Function. (The CUDA rule forced onto CPU float64: dense_act's reference.)"""
+    x, w1, b1, w2, b2 = leaves()   # 10 rows x 11 hidden
+    take = fused_dense._composition_takes
+    monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 111)
+    assert take(x, w1, "gelu_approx", True, 0) and take(x, w1, "relu", True, 0)
+    assert not take(x, w1, "sqrelu", True, 0) and not take(x, w1, "relu", True, 1)
+    assert not take(x, w1, "relu", False, 0)
+    monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 110)
+    assert not take(x, w1, "gelu_approx", True, 0)
+    monkeypatch.setattr(fused_dense, "_takes_fused", lambda *a: True)
+    calls = []
+    real = FusedMLPFunc.apply
+    monkeypatch.setattr(FusedMLPFunc, "apply", lambda *a: calls.append(a) or real(*a))
+    want = formula(x, w1, b1, w2, b2, "gelu_approx")
+    assert torch.allclose(fused_mlp_func(x, w1, w2, b1, b2), want) and len(calls) == 1
+    with torch.no_grad():
+        out, res = fused_mlp_func(x, w1, w2, b1, b2, return_residual=True)
+    assert torch.allclose(out, want) and torch.equal(res, x) and len(calls) == 1 and out.grad_fn is None
+    monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 111)
+    assert torch.allclose(fused_mlp_func(x, w1, w2, b1, b2), want) and len(calls) == 1   # the composition
+    fused_mlp_func(x, w1, w2, b1, b2, activation="sqrelu")
+    assert len(calls) == 2
+
+
 def test_module_heuristic_auto(monkeypatch):
     m = FusedMLP(4, 8)
     assert m.heuristic == "auto"

@@ -32,6 +32,23 @@ ACTS = ("gelu_approx", "relu", "sqrelu")
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     monkeypatch.setattr(api, "POISON_OUTPUTS", True)
+    # these shapes are below the size where training calls take the fused path by default
+    monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 0)
+
+
+def test_small_default_calls_take_the_composition(monkeypatch):
+    """At the default FUSED_MIN_ELEMENTS a small lvl-0 gelu_approx training call runs the torch
+    composition (no FusedMLPFunc, no dense_act launch); sqrelu takes the fused path."""
+    monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 1 << 27)
+    calls = []
+    real = fused_dense.FusedMLPFunc.apply
+    monkeypatch.setattr(fused_dense.FusedMLPFunc, "apply", lambda *a: calls.append(a) or real(*a))
+    tensors, dout, dres = leaves(torch.bfloat16, *SHAPES["aligned"])
+    x, w1, b1, w2, b2 = [t.requires_grad_(True) for t in tensors]
+    fused_mlp_func(x, w1, w2, b1, b2).backward(dout)
+    assert not calls
+    fused_mlp_func(x, w1, w2, b1, b2, activation="sqrelu").backward(dout)
+    assert len(calls) == 1
 
 
 def check(got, ref, base, factor, what, floor=1e-6):

@@ -152,6 +152,24 @@ EPILOGUE_ALIGN = 8
 AUTO_HEURISTIC = 0
 
 
+# Training calls of the fused path's default form (checkpoint_lvl 0 with the pre-activation kept,
+# gelu_approx / relu, no process group) with fewer than FUSED_MIN_ELEMENTS pre-activation elements
+# (rows · hidden) run the torch composition instead: there the fused path's host time (its Python
+# autograd.Function and kernel launches, about 250 us per forward + backward) exceeds what it saves on
+# the GPU (H200, bf16, logs/session29_fd1/r2: at 8192 x 3072 fwd + bwd 1.02 ms fused against 0.72 ms
+# torch; parity from 16384 x 8192, where the backward kernel saves its 0.08 ms). sqrelu (torch's takes two
+# kernels and keeps relu's output), checkpoint_lvl 1 / 2 and process groups always take the fused path.
+FUSED_MIN_ELEMENTS = 1 << 27
+
+
+def _composition_takes(x, weight1, activation, save_pre_act, checkpoint_lvl) -> bool:
+    """Whether a CUDA call the fused path could take runs the torch composition (FUSED_MIN_ELEMENTS)."""
+    if not save_pre_act or checkpoint_lvl != 0 or activation == "sqrelu":
+        return False
+    rows = x.numel() // max(1, x.shape[-1])
+    return rows * weight1.shape[0] < FUSED_MIN_ELEMENTS
+
+
 def _autocast_dtype(device_type: str):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
@@ -344,6 +362,28 @@ def check_mlp_args(activation, checkpoint_lvl, heuristic, allow_auto=False) -> N
         raise ValueError(f"heuristic must be {'auto or ' if allow_auto else ''}an int in -1..4, got {heuristic!r}")
 
 
+def _mlp_forward(x, weight1, bias1, weight2, bias2, activation, heuristic, keep_pre, process_group,
+                 sequence_parallel):
+    """FusedMLPFunc's forward without autograd: (x, weight1, bias1, weight2 as used (autocast's cast,
+    contiguous), pre or None, act(pre), out (x's leading shape, x_full's rows))."""
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is not None:   # autocast's cast, where the backward sees it (flash-attn's custom_fwd)
+        x, weight1, weight2 = x.to(dtype), weight1.to(dtype), weight2.to(dtype)
+        bias1 = None if bias1 is None else bias1.to(dtype)
+        bias2 = None if bias2 is None else bias2.to(dtype)
+    x = x.contiguous()
+    gather = process_group is not None and sequence_parallel
+    total_x, handle = all_gather_raw(x, process_group, async_op=True) if gather else (x, None)
+    weight1, weight2 = weight1.contiguous(), weight2.contiguous()
+    bias1 = None if bias1 is None else bias1.contiguous()
+    if handle is not None:
+        handle.wait()
+    with _no_autocast(x.device.type):
+        pre, out1 = _fc1_act(total_x.reshape(-1, total_x.shape[-1]), weight1, bias1, activation, heuristic, keep_pre)
+        out2 = F.linear(out1, weight2, bias2)
+    return x, weight1, bias1, weight2, pre, out1, out2.reshape(*total_x.shape[:-1], out2.shape[-1])
+
+
 class FusedMLPFunc(torch.autograd.Function):
     """flash-attn's ``FusedMLPFunc.apply(x, weight1, bias1, weight2, bias2,
     activation='gelu_approx', save_pre_act=True, return_residual=False, checkpoint_lvl=0,
@@ -358,23 +398,9 @@ class FusedMLPFunc(torch.autograd.Function):
         check_mlp_args(activation, checkpoint_lvl, heuristic)
         if not save_pre_act:
             checkpoint_lvl = 2
-        dtype = _autocast_dtype(x.device.type)
-        if dtype is not None:
-            x, weight1, weight2 = x.to(dtype), weight1.to(dtype), weight2.to(dtype)
-            bias1 = None if bias1 is None else bias1.to(dtype)
-            bias2 = None if bias2 is None else bias2.to(dtype)
-        x = x.contiguous()
-        gather = process_group is not None and sequence_parallel
-        total_x, handle = all_gather_raw(x, process_group, async_op=True) if gather else (x, None)
-        weight1, weight2 = weight1.contiguous(), weight2.contiguous()
-        bias1 = None if bias1 is None else bias1.contiguous()
-        if handle is not None:
-            handle.wait()
-        lead = total_x.shape[:-1]
-        with _no_autocast(x.device.type):
-            pre, out1 = _fc1_act(total_x.reshape(-1, total_x.shape[-1]), weight1, bias1, activation, heuristic,
-                                 keep_pre=checkpoint_lvl != 2)
-            out2 = F.linear(out1, weight2, bias2)
+        x, weight1, bias1, weight2, pre, out1, out2 = _mlp_forward(
+            x, weight1, bias1, weight2, bias2, activation, heuristic, checkpoint_lvl != 2, process_group,
+            sequence_parallel)
         ctx.activation, ctx.checkpoint_lvl, ctx.heuristic = activation, checkpoint_lvl, heuristic
         ctx.return_residual, ctx.process_group, ctx.sequence_parallel = return_residual, process_group, sequence_parallel
         ctx.has_bias1 = bias1 is not None
@@ -384,7 +410,6 @@ class FusedMLPFunc(torch.autograd.Function):
             ctx.save_for_backward(x, weight1, weight2, pre)
         else:
             ctx.save_for_backward(x, weight1, weight2, bias1)
-        out2 = out2.reshape(*lead, out2.shape[-1])
         return (out2, x) if return_residual else out2
 
     @staticmethod
@@ -457,7 +482,15 @@ def fused_mlp_func(x: Tensor, weight1: Tensor, weight2: Tensor, bias1=None, bias
     if process_group is not None and x.dim() < 2:
         raise ValueError(f"x must have at least 2 dimensions (rows, features) with a process_group, got shape "
                          f"{tuple(x.shape)}")
-    if _takes_fused(x, weight1, weight2, bias1, bias2) or process_group is not None:
+    fused = _takes_fused(x, weight1, weight2, bias1, bias2)
+    if process_group is not None or (fused and not _composition_takes(x, weight1, activation, save_pre_act,
+                                                                      checkpoint_lvl)):
+        if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                for t in (x, weight1, bias1, weight2, bias2))):
+            # nothing to differentiate (inference): the forward alone, no autograd.Function, no saved tensors
+            x_used, *_, out = _mlp_forward(x, weight1, bias1, weight2, bias2, activation, heuristic, False,
+                                           process_group, sequence_parallel)
+            return (out, x_used) if return_residual else out
         return FusedMLPFunc.apply(x, weight1, bias1, weight2, bias2, activation, save_pre_act, return_residual,
                                   checkpoint_lvl, heuristic, process_group, sequence_parallel)
     out = F.linear(_activation_fn(activation)(F.linear(x, weight1, bias1)), weight2, bias2)
