@@ -23,6 +23,10 @@ fc1 → act → fc2 runs as:
   never the epilogue (flash-attn: no fused GEMM + activation), 0..4 the epilogue where it applies
   (the cuBLASLt algorithm is torch's pick: the number picks nothing more); ``FusedMLP``'s
   'auto' is ``AUTO_HEURISTIC``.
+* routing: training calls of the default form (checkpoint_lvl 0, 'gelu_approx' / 'relu', no
+  process group) below ``FUSED_MIN_ELEMENTS`` pre-activation elements take the torch composition
+  (host-bound there); calls with nothing to differentiate run the forward without the
+  autograd.Function (nothing saved).
 
 Other tensors (CPU, float64, fp32 without autocast) run the torch composition ``F.linear`` →
 activation → ``F.linear`` with torch's autograd (exact in float64), or, with a
