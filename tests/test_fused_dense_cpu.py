@@ -271,9 +271,9 @@ def test_small_training_calls_take_the_composition(monkeypatch):
     monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 111)
     assert take(x, w1, "gelu_approx", True, 0) and take(x, w1, "relu", True, 0)
     assert not take(x, w1, "sqrelu", True, 0) and not take(x, w1, "relu", True, 1)
-    assert not take(x, w1, "relu", False, 0)
+    assert not take(x, w1, "relu", False, 0) and not take(x, w1, "gelu_approx", True, 2)
     monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 110)
-    assert not take(x, w1, "gelu_approx", True, 0)
+    assert not take(x, w1, "gelu_approx", True, 0) and take(x, w1, "relu", True, 0)
     monkeypatch.setattr(fused_dense, "_takes_fused", lambda *a: True)
     calls = []
     real = FusedMLPFunc.apply

@@ -23,9 +23,9 @@ fc1 → act → fc2 runs as:
   never the epilogue (flash-attn: no fused GEMM + activation), 0..4 the epilogue where it applies
   (the cuBLASLt algorithm is torch's pick: the number picks nothing more); ``FusedMLP``'s
   'auto' is ``AUTO_HEURISTIC``.
-* routing: training calls of the default form (checkpoint_lvl 0, 'gelu_approx' / 'relu', no
-  process group) below ``FUSED_MIN_ELEMENTS`` pre-activation elements take the torch composition
-  (host-bound there); calls with nothing to differentiate run the forward without the
+* routing: training calls of the default form (checkpoint_lvl 0, no process group) take the torch
+  composition with 'relu' and, with 'gelu_approx', below ``FUSED_MIN_ELEMENTS`` pre-activation
+  elements (host-bound there); calls with nothing to differentiate run the forward without the
   autograd.Function (nothing saved).
 
 Other tensors (CPU, float64, fp32 without autocast) run the torch composition ``F.linear`` →
@@ -157,12 +157,14 @@ AUTO_HEURISTIC = 0
 
 
 # Training calls of the fused path's default form (checkpoint_lvl 0 with the pre-activation kept,
-# gelu_approx / relu, no process group) with fewer than FUSED_MIN_ELEMENTS pre-activation elements
+# gelu_approx, no process group) with fewer than FUSED_MIN_ELEMENTS pre-activation elements
 # (rows · hidden) run the torch composition instead: there the fused path's host time (its Python
 # autograd.Function and kernel launches, about 250 us per forward + backward) exceeds what it saves on
-# the GPU (H200, bf16, logs/session29_fd1/r2: at 8192 x 3072 fwd + bwd 1.02 ms fused against 0.72 ms
-# torch; parity from 16384 x 8192, where the backward kernel saves its 0.08 ms). sqrelu (torch's takes two
-# kernels and keeps relu's output), checkpoint_lvl 1 / 2 and process groups always take the fused path.
+# the GPU (H200, bf16, logs/session29_fd1/r2, r3: at 8192 x 3072 fwd + bwd 0.84-1.02 ms fused against
+# 0.62-0.72 ms torch; parity from 16384 x 8192, where the backward kernel saves its 0.07 ms). relu's
+# default form takes the composition at every size (r2, r3: 1.7 % and 2.4 % slower fused at 16384 x
+# 8192). sqrelu (torch's takes two kernels and keeps relu's output: 9 % faster fused, r3),
+# checkpoint_lvl 1 / 2 and process groups always take the fused path.
 FUSED_MIN_ELEMENTS = 1 << 27
 
 
@@ -170,6 +172,8 @@ def _composition_takes(x, weight1, activation, save_pre_act, checkpoint_lvl) -> 
     """Whether a CUDA call the fused path could take runs the torch composition (FUSED_MIN_ELEMENTS)."""
     if not save_pre_act or checkpoint_lvl != 0 or activation == "sqrelu":
         return False
+    if activation == "relu":   # torch's ReLU step is as cheap as the kernel's: the composition at every size
+        return True
     rows = x.numel() // max(1, x.shape[-1])
     return rows * weight1.shape[0] < FUSED_MIN_ELEMENTS
 
