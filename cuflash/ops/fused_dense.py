@@ -162,7 +162,7 @@ AUTO_HEURISTIC = 0
 # autograd.Function and kernel launches, about 250 us per forward + backward) exceeds what it saves on
 # the GPU (H200, bf16, logs/session29_fd1/r2, r3: at 8192 x 3072 fwd + bwd 0.84-1.02 ms fused against
 # 0.62-0.72 ms torch; parity from 16384 x 8192, where the backward kernel saves its 0.07 ms). relu's
-# default form takes the composition at every size (r2, r3: 1.7 % and 2.4 % slower fused at 16384 x
+# default form takes the composition at every size (r2, r3, r4: 1.7, 2.4, 1.3 % slower fused at 16384 x
 # 8192). sqrelu (torch's takes two kernels and keeps relu's output: 9 % faster fused, r3),
 # checkpoint_lvl 1 / 2 and process groups always take the fused path.
 FUSED_MIN_ELEMENTS = 1 << 27
