@@ -1723,3 +1723,42 @@ def _(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, zero_cent
     return (torch.empty_like(dy), torch.empty_like(weight),
             torch.empty_like(weight) if has_bias else weight.new_empty(0),
             dy.new_empty(tuple(dy.shape) if has_residual else (0,), dtype=res_dtype))
+
+
+# ---------------------------------------------------------------------------------------
+# the fused MLP's activation kernels (cuflash.dense_act, behind cuflash.ops.fused_dense's
+# fused_mlp_func): its eager path calls cuflash.dense_act directly; these ops are what
+# torch.compile traces inside its autograd.Function (no autograd on the ops, never in place).
+# An absent dbias is an empty tensor.
+
+torch.library.define("cuflash::dense_act_fwd", "(Tensor pre, str activation) -> Tensor")
+torch.library.define("cuflash::dense_act_bwd",
+                     "(Tensor grad, Tensor pre, str activation, bool bias_grad) -> (Tensor, Tensor)")
+
+
+def _da_fwd_op(pre, activation):
+    from . import dense_act
+
+    return dense_act.forward(pre, activation)
+
+
+def _da_bwd_op(grad, pre, activation, bias_grad):
+    from . import dense_act
+
+    dpre, dbias = dense_act.backward(grad, pre, activation, bias_grad, inplace=False)
+    return dpre, dbias if dbias is not None else grad.new_empty(0)
+
+
+for _key in ("CUDA", "CPU"):
+    torch.library.impl("cuflash::dense_act_fwd", _key)(_da_fwd_op)
+    torch.library.impl("cuflash::dense_act_bwd", _key)(_da_bwd_op)
+
+
+@torch.library.register_fake("cuflash::dense_act_fwd")
+def _(pre, activation):
+    return torch.empty_like(pre)
+
+
+@torch.library.register_fake("cuflash::dense_act_bwd")
+def _(grad, pre, activation, bias_grad):
+    return torch.empty_like(grad), grad.new_empty(grad.shape[-1] if bias_grad else 0)

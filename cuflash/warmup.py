@@ -16,10 +16,12 @@ The options say what the model calls, and the warmup runs the calls' own selecti
   ``--features`` item (``varlen`` may also be one of an item's features);
 * ``--decode "batch=1..64,ctx=8k..128k,page=0,16,256"``: ``flash_attn_with_kvcache`` calls
   (``decode_calls`` states the syntax);
-* ``--helpers cross_entropy,rotary,layer_norm`` (``all``: every one in ``HELPERS``): the modules of
-  kernels outside the registry that load on their first use (``cuflash.ops.cross_entropy``,
+* ``--helpers cross_entropy,rotary,layer_norm,dense_act`` (``all``: every one in ``HELPERS``): the
+  modules of kernels outside the registry that load on their first use (``cuflash.ops.cross_entropy``,
   ``apply_rotary_emb``, ``cuflash.ops.layer_norm``'s fused norms at the widths of
-  ``cuflash.layer_norm.WARM_WIDTHS``), for the --dtype dtypes (and fp32: cross entropy's logits may be).
+  ``cuflash.layer_norm.WARM_WIDTHS``, the fused MLP's activation kernels of
+  ``cuflash.ops.fused_dense`` for every activation), for the --dtype dtypes (and fp32: cross
+  entropy's logits may be).
 
 A first call then loads its kernels (without: 1.4-1.7 s of NVRTC per feature call's first call,
 H100, bench --mode startup, session 25).
@@ -37,7 +39,8 @@ from .problem import SEQLEN_BUCKETS, Problem
 from .registry import OPS
 
 # --helpers: name -> the module whose warm_modules(torch dtypes) lists its HelperModules
-HELPERS = {"cross_entropy": "cuflash.cross_entropy", "rotary": "cuflash.rotary", "layer_norm": "cuflash.layer_norm"}
+HELPERS = {"cross_entropy": "cuflash.cross_entropy", "rotary": "cuflash.rotary", "layer_norm": "cuflash.layer_norm",
+           "dense_act": "cuflash.dense_act"}
 
 
 def parse_helpers(text: str) -> list[str]:

@@ -538,8 +538,6 @@ def test_mlp_and_fused_mlp():
         fm = FusedMLP(12, 30, out_features=7, bias2=False, activation=act, **F64)
         assert fm.fc2.bias is None
         assert torch.allclose(fm(x), f(x @ fm.fc1.weight.T + fm.fc1.bias) @ fm.fc2.weight.T, **TOL)
-    with pytest.raises(cuflash.UnsupportedFeature, match="process_group"):
-        FusedMLP(12, 30, **F64)(x, process_group=object())
     with pytest.raises(ValueError, match="activation"):
         FusedMLP(12, 30, activation="gelu")
 

@@ -164,9 +164,33 @@ def test_decoding_with_lengths_per_sample():
     assert torch.allclose(out[0, 0], row0, **TOL) and torch.allclose(out[1, 0], row1, **TOL)
 
 
+def test_fused_bias_fc_is_fused_dense():
+    """fused_bias_fc: the projections are cuflash.ops.fused_dense.FusedDense (nn.Linear's keys), the
+    same output and gradients as without."""
+    from cuflash.ops.fused_dense import FusedDense
+
+    torch.manual_seed(0)
+    for rr in (False, True):
+        a = MHA(32, 2, return_residual=rr, dtype=torch.float64)
+        b = MHA(32, 2, return_residual=rr, fused_bias_fc=True, dtype=torch.float64)
+        b.load_state_dict(a.state_dict())
+        assert isinstance(b.Wqkv, FusedDense) and isinstance(b.out_proj, FusedDense)
+        assert b.Wqkv.return_residual == rr
+        x = torch.randn(2, 5, 32, dtype=torch.float64, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_(True)
+        ya, yb = a(x), b(x2)
+        if rr:
+            assert yb[1] is x2
+            ya, yb = ya[0] + ya[1], yb[0] + yb[1]
+        assert torch.allclose(ya, yb, atol=1e-12)
+        ya.sum().backward()
+        yb.sum().backward()
+        assert torch.allclose(x.grad, x2.grad, atol=1e-12)
+    c = MHA(32, 2, cross_attn=True, fused_bias_fc=True)
+    assert isinstance(c.Wq, FusedDense) and isinstance(c.Wkv, FusedDense)
+
+
 def test_refused_arguments_name_themselves():
-    with pytest.raises(cuflash.UnsupportedFeature, match="fused_bias_fc"):
-        MHA(32, 2, fused_bias_fc=True)
     with pytest.raises(cuflash.UnsupportedFeature, match="dwconv"):
         MHA(32, 2, dwconv=True)
     with pytest.raises(cuflash.UnsupportedFeature, match="cross_attn"):

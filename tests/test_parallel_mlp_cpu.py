@@ -35,6 +35,9 @@ CASES_2 = {
     "fused_sqrelu": (FusedMLP, ParallelFusedMLP, dict(in_features=8, hidden_features=12, activation="sqrelu"), "3d"),
     "fused_gelu_approx_nobias": (FusedMLP, ParallelFusedMLP, dict(in_features=6, hidden_features=8, bias1=False,
                                                                   bias2=False), "flat"),
+    "fused_relu_lvl2": (FusedMLP, ParallelFusedMLP, dict(in_features=8, hidden_features=12, activation="relu",
+                                                         checkpoint_lvl=2), "3d"),
+    "fused_gelu_lvl1": (FusedMLP, ParallelFusedMLP, dict(in_features=6, hidden_features=10, checkpoint_lvl=1), "flat"),
 }
 # 3 ranks: hidden 8 -> 3, 3, 2; 10 (multiple_of 5) -> 4, 3, 3; 12 -> 4 each
 CASES_3 = {
@@ -43,6 +46,8 @@ CASES_3 = {
                                                              activation=F.silu), "flat"),
     "mlp_uneven": (Mlp, ParallelMLP, dict(in_features=4, hidden_features=7, activation=F.tanh), "3d"),
     "mlp_even": (Mlp, ParallelMLP, dict(in_features=4, hidden_features=12), "flat"),
+    "fused_uneven_sqrelu": (FusedMLP, ParallelFusedMLP, dict(in_features=5, hidden_features=7, activation="sqrelu"),
+                            "3d"),
 }
 
 
@@ -93,6 +98,38 @@ def _check_case(rank, world, group, name, case, sp, seed):
     assert sorted(expected) == sorted(pparams), (what, sorted(expected), sorted(pparams))
     for key, grad in zip(pparams, pgrads[1:]):
         _close(grad, expected[key], F64_TOL, f"{what}: d{key}")
+
+
+def _check_fused_mlp_group(rank, world, group):
+    """FusedMLP.forward(x, process_group): flash-attn's tensor-parallel use of the single-process
+    module (this rank's shard of fc1's rows and fc2's columns, fc2's bias on rank 0, x's rows
+    all-gathered, the output reduce-scattered), return_residual, every checkpoint_lvl."""
+    for lvl in (0, 1, 2):
+        torch.manual_seed(40 + lvl)
+        kw = dict(in_features=6, hidden_features=4 * world, out_features=5, activation="gelu_approx",
+                  checkpoint_lvl=lvl, return_residual=True)
+        full = FusedMLP(**kw, **F64)
+        hidden_local = len(range(*local_range(4 * world, world, rank)))
+        part = FusedMLP(6, hidden_local, out_features=5, bias2=rank == 0, activation="gelu_approx",
+                        checkpoint_lvl=lvl, return_residual=True, **F64)
+        part.load_state_dict(shard_mlp_state_dict(full.state_dict(), world, rank, False))
+        g = torch.Generator().manual_seed(50 + lvl)
+        x = torch.randn(2 * world, 6, generator=g, **F64)
+        dout = torch.randn(2 * world, 5, generator=g, **F64)
+        xf = x.clone().requires_grad_()
+        out, res = full(xf)
+        grads = torch.autograd.grad(out, [xf, *full.parameters()], dout)
+        rows = slice(2 * rank, 2 * rank + 2)
+        xin = x[rows].clone().requires_grad_()
+        pout, pres = part(xin, process_group=group)
+        assert torch.equal(pres, xin)
+        what = f"FusedMLP(process_group) lvl{lvl} rank {rank}"
+        _close(pout, out.detach()[rows], F64_TOL, f"{what}: out")
+        pgrads = torch.autograd.grad(pout, [xin, *part.parameters()], dout[rows])
+        _close(pgrads[0], grads[0][rows], F64_TOL, f"{what}: dx")
+        expected = shard_mlp_state_dict(dict(zip(dict(full.named_parameters()), grads[1:])), world, rank, False)
+        for (key, _), grad in zip(part.named_parameters(), pgrads[1:]):
+            _close(grad, expected[key], F64_TOL, f"{what}: d{key}")
 
 
 def _check_errors(world, group):
@@ -153,6 +190,7 @@ def _worker(rank, world, port):
                 _check_case(rank, world, group, name, case, sp, seed=100 + i)
         _check_errors(world, group)
         _check_autocast(rank, world, group)
+        _check_fused_mlp_group(rank, world, group)
         m = ParallelGatedMlp(64, group)   # hidden int(8 * 64 / 3) = 170 -> 256 (multiple_of 128)
         h = len(range(*local_range(256, world, rank)))
         assert m.fc1.weight.shape == (2 * h, 64) and m.fc2.weight.shape == (64, h)

@@ -53,8 +53,9 @@ initializer_range, layer_norm_eps, pad_token_id, position_embedding_type`` ("abs
 "rotary" with ``rotary_emb_dim, rotary_emb_base, rotary_emb_scale_base,
 rotary_emb_interleaved``), ``use_flash_attn, fused_bias_fc, fused_mlp, mlp_checkpoint_lvl,
 fused_dropout_add_ln, last_layer_subset, dense_seq_output, use_xentropy,
-pad_vocab_size_multiple``. ``fused_bias_fc`` runs ``nn.Linear`` (the same parameters);
-``fused_mlp`` runs ``cuflash.modules.mlp.FusedMLP`` (torch); ``fused_dropout_add_ln`` runs
+pad_vocab_size_multiple``. ``fused_bias_fc`` makes MHA's projections
+``cuflash.ops.fused_dense.FusedDense`` (the same parameters); ``fused_mlp`` runs
+``cuflash.modules.mlp.FusedMLP`` (``fused_mlp_func``, fused on CUDA fp16 / bf16); ``fused_dropout_add_ln`` runs
 ``cuflash.ops.layer_norm.layer_norm_fn``; ``use_xentropy`` runs
 ``cuflash.losses.cross_entropy.CrossEntropyLoss``.
 
@@ -214,14 +215,15 @@ def check_config(config) -> None:
 def create_mixer_cls(config, cross_attn=False, return_residual=False):
     """flash-attn's ``create_mixer_cls``: a ``partial`` of non-causal MHA with the config's heads,
     attention dropout, rotary (position_embedding_type "rotary") and use_flash_attn; fused_bias_fc:
-    the same nn.Linear projections."""
+    FusedDense projections (the same parameters)."""
     rotary_dim = _rotary_dim(config)
     rotary = (dict(rotary_emb_dim=rotary_dim, rotary_emb_base=_get(config, "rotary_emb_base"),
                    rotary_emb_scale_base=_get(config, "rotary_emb_scale_base"),
                    rotary_emb_interleaved=_get(config, "rotary_emb_interleaved")) if rotary_dim else {})
     return partial(MHA, num_heads=_get(config, "num_attention_heads"), cross_attn=cross_attn,
                    dropout=_get(config, "attention_probs_dropout_prob"), causal=False,
-                   use_flash_attn=_get(config, "use_flash_attn"), return_residual=return_residual, **rotary)
+                   use_flash_attn=_get(config, "use_flash_attn"), return_residual=return_residual,
+                   fused_bias_fc=bool(_get(config, "fused_bias_fc")), **rotary)
 
 
 def create_mlp_cls(config, layer_idx=None, return_residual=False):

@@ -44,11 +44,11 @@ root; the lm_head input times it), ``mup_embeddings_multiplier`` (the embeddings
 ``mup_output_multiplier`` (the lm_head input times it), ``mup_attn_multiplier`` (the softmax scale
 times it), ``mup_scale_qk_dot_by_d`` (softmax scale 1 / head_dim instead of 1 / sqrt(head_dim)).
 
-Where a switch asks for a fused kernel that cuflash lacks, the model runs the composition that
-computes the same thing, with the same parameters and keys (not an error):
-``fused_bias_fc`` → ``nn.Linear`` projections (flash-attn's fused dense GEMM + bias);
-``fused_mlp`` / ``fused_dense_sqrelu_dense`` → ``cuflash.modules.mlp.FusedMLP`` (fc1 → activation →
-fc2 in torch; ``mlp_checkpoint_lvl`` checked, not used); ``fused_dropout_add_ln`` →
+The fused switches keep the parameters and keys: ``fused_bias_fc`` → MHA's projections are
+``cuflash.ops.fused_dense.FusedDense`` (the tensor-parallel model's stay Column/RowParallelLinear);
+``fused_mlp`` / ``fused_dense_sqrelu_dense`` → ``cuflash.modules.mlp.FusedMLP`` (``fused_mlp_func``:
+on CUDA fp16 / bf16 the bias / activation in fc1's cuBLASLt epilogue and ``kernels_cu/dense_act.cu``,
+``mlp_checkpoint_lvl`` as flash-attn's); ``fused_dropout_add_ln`` →
 ``cuflash.ops.layer_norm.layer_norm_fn`` (fused CUDA kernels without dropout, else a torch
 composition).
 
@@ -278,8 +278,8 @@ def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dt
     """flash-attn's ``create_mixer_cls``: a ``partial`` of MHA (ParallelMHA with process_group),
     causal, with the config's heads, biases, dropout, softmax scale (1 / sqrt(head_dim) with
     scale_attn_weights, divided by layer_idx + 1 with scale_attn_by_inverse_layer_idx), rotary
-    (rotary_emb_fraction · head_dim features) and use_flash_attn. fused_bias_fc: the same
-    nn.Linear projections (see the module docstring)."""
+    (rotary_emb_fraction · head_dim features) and use_flash_attn. fused_bias_fc: MHA's
+    projections are FusedDense (see the module docstring)."""
     factory = dict(device=device, dtype=dtype)
     head_dim = _head_dim(config)
     # muP (BTLM): 1 / head_dim instead of 1 / sqrt(head_dim), times mup_attn_multiplier
@@ -303,7 +303,7 @@ def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dt
                   use_alibi=_get(config, "use_alibi", False), window_size=tuple(_get(config, "window_size", (-1, -1))),
                   use_flash_attn=_get(config, "use_flash_attn", False), **factory)
     if process_group is None:
-        return partial(MHA, **common)
+        return partial(MHA, fused_bias_fc=_get(config, "fused_bias_fc", False), **common)
     return partial(ParallelMHA, process_group=process_group,
                    sequence_parallel=_get(config, "sequence_parallel", True), **common)
 

@@ -21,8 +21,9 @@ cross-attention, as the torch path; for MQA / GQA self-attention flash-attn's to
 CrossAttention) aligns the diagonal to the last kept key instead, and cuflash's torch path keeps
 that);
 ``cu_seqlens`` with rotary (each packed sequence starts at position 0) and with
-``num_heads_kv != num_heads``. Not provided: ``fused_bias_fc`` (flash-attn's fused dense from
-``flash_attn.ops``) and ``dwconv`` raise ``cuflash.UnsupportedFeature``.
+``num_heads_kv != num_heads``. ``fused_bias_fc``: the projections are
+``cuflash.ops.fused_dense.FusedDense`` (flash-attn's). Not provided: ``dwconv`` raises
+``cuflash.UnsupportedFeature``.
 
 * ``ParallelMHA``: tensor-parallel self-attention (each rank of a process group holds some of
   the heads; Wqkv and out_proj are cuflash.ops.fused_dense's ColumnParallelLinear and
@@ -448,7 +449,8 @@ class MHA(_AttentionLayer):
     get_alibi_slopes(num_heads); window_size: sliding window (left, right); use_flash_attn:
     cuflash's kernels (else plain torch attention); return_residual: forward returns (out, x);
     checkpointing: recompute the attention in the backward; device, dtype: the parameters'.
-    fused_bias_fc and dwconv raise cuflash.UnsupportedFeature.
+    fused_bias_fc: the projections are cuflash.ops.fused_dense.FusedDense (same parameters and
+    keys). dwconv raises cuflash.UnsupportedFeature.
     """
 
     def __init__(self, embed_dim, num_heads, num_heads_kv=None, cross_attn=False, qkv_proj_bias=True,
@@ -459,10 +461,6 @@ class MHA(_AttentionLayer):
                  dtype=None) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
-        if fused_bias_fc:
-            raise UnsupportedFeature("fused_bias_fc=True: flash-attn's fused dense layer (flash_attn.ops."
-                                     "fused_dense) is not part of cuflash; use fused_bias_fc=False (nn.Linear, "
-                                     "the same parameters)")
         if dwconv:
             raise UnsupportedFeature("dwconv=True: the depthwise convolution after the projections is not "
                                      "part of cuflash's MHA")
@@ -477,13 +475,23 @@ class MHA(_AttentionLayer):
                               checkpointing=checkpointing, cross_attn=cross_attn, device=device)
         qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
         kv_dim = 2 * self.head_dim * self.num_heads_kv
-        wqkv_cls = LinearResidual if return_residual else nn.Linear
+        # fused_bias_fc: cuflash.ops.fused_dense.FusedDense (an nn.Linear: the same parameters and keys; with
+        # return_residual the residual's gradient added inside the input-gradient GEMM)
+        if fused_bias_fc:
+            from functools import partial
+
+            from ..ops.fused_dense import FusedDense
+
+            linear_cls = FusedDense
+            wqkv_cls = partial(FusedDense, return_residual=True) if return_residual else FusedDense
+        else:
+            linear_cls, wqkv_cls = nn.Linear, LinearResidual if return_residual else nn.Linear
         if not cross_attn:
             self.Wqkv = wqkv_cls(embed_dim, qkv_dim, bias=qkv_proj_bias, **factory)
         else:
-            self.Wq = nn.Linear(embed_dim, embed_dim, bias=qkv_proj_bias, **factory)
+            self.Wq = linear_cls(embed_dim, embed_dim, bias=qkv_proj_bias, **factory)
             self.Wkv = wqkv_cls(embed_dim, kv_dim, bias=qkv_proj_bias, **factory)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_proj_bias, **factory)
+        self.out_proj = linear_cls(embed_dim, embed_dim, bias=out_proj_bias, **factory)
 
     def forward(self, x, x_kv=None, key_padding_mask=None, cu_seqlens=None, max_seqlen=None,
                 mixer_subset=None, inference_params=None, **kwargs):

@@ -1,17 +1,19 @@
 """MLP modules with flash-attn 2.8's names, constructor arguments, forwards and state-dict keys
 (``fc1``, ``fc2``): ``from flash_attn.modules.mlp import Mlp`` becomes ``from cuflash.modules.mlp
-import Mlp``. Plain torch (``nn.Linear`` and the activation), not fused kernels.
+import Mlp``. Plain torch (``nn.Linear`` and the activation) but for the ``Fused`` forms.
 
 * ``Mlp``: fc1 → activation → fc2 (hidden 4 × in by default).
 * ``GatedMlp``: fc1 to 2 × hidden (hidden = 8/3 × in rounded up to ``multiple_of``), y, gate =
   the two halves, y · activation(gate) (``F.sigmoid``: ``F.glu``; ``F.silu``: ``swiglu`` in fp32,
   as flash-attn), fc2.
 * ``FusedMLP``: flash-attn's ``flash_attn.ops.fused_dense.FusedMLP`` (which its mlp module
-  imports) with its arguments and keys, run as fc1 → ``activation`` ('gelu_approx': tanh GELU,
-  'relu', 'sqrelu': relu²) → fc2 in torch; ``checkpoint_lvl`` and ``heuristic`` are validated and
-  otherwise unused (they pick fused cuBLASLt epilogues / recomputation in flash-attn: the outputs
-  are the same). ``forward(x, process_group=...)`` (flash-attn's tensor-parallel reduce-scatter)
-  raises ``cuflash.UnsupportedFeature`` naming ``process_group``.
+  imports) with its arguments and keys: fc1 → ``activation`` ('gelu_approx': tanh GELU, 'relu',
+  'sqrelu': relu²) → fc2 through ``cuflash.ops.fused_dense.fused_mlp_func`` (CUDA fp16 / bf16:
+  the bias and, where the pre-activation is not kept, the activation in fc1's cuBLASLt epilogue,
+  ``kernels_cu/dense_act.cu`` for the activation and, backward, its derivative fused with fc1's
+  bias gradient; ``checkpoint_lvl`` 0 / 1 / 2 as flash-attn's; ``save_pre_act`` = training);
+  ``forward(x, process_group=...)``: flash-attn's tensor-parallel form (x's rows all-gathered,
+  the output reduce-scattered).
 
 Tensor-parallel forms (flash-attn's arguments and keys; fc1 a ``ColumnParallelLinear``, fc2 a
 ``RowParallelLinear`` of ``cuflash.ops.fused_dense``, so the same collectives and the same
@@ -22,17 +24,19 @@ Tensor-parallel forms (flash-attn's arguments and keys; fc1 a ``ColumnParallelLi
   ``get_dim_for_local_rank(hidden, P, rank)`` hidden units: fc1 holds the rank's rows of y then
   the same rows of the gate (flash-attn's ``shard_state_dict_tp`` layout, hidden / P each where P
   divides hidden, as flash-attn requires; other splits work here too), fc2 the same columns.
-* ``ParallelFusedMLP`` (flash-attn's ``flash_attn.ops.fused_dense`` name): ``ParallelMLP`` with
-  ``FusedMLP``'s string activations, ``checkpoint_lvl`` and ``heuristic``, in torch."""
+* ``ParallelFusedMLP`` (flash-attn's ``flash_attn.ops.fused_dense`` name): ``ParallelMLP``'s
+  shards and keys with ``FusedMLP``'s string activations, ``checkpoint_lvl`` and ``heuristic``,
+  run by ``fused_mlp_func`` over the process group."""
 from __future__ import annotations
 
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..api import UnsupportedFeature
-from ..ops.activations import sqrelu_fwd, swiglu
-from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear
+from ..ops import fused_dense
+from ..ops.activations import swiglu
+from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear, check_mlp_args, fused_mlp_func
+from ..utils.distributed import all_reduce, reduce_scatter
 
 __all__ = ["Mlp", "ParallelMLP", "GatedMlp", "ParallelGatedMlp", "FusedMLP", "ParallelFusedMLP"]
 
@@ -147,26 +151,29 @@ class ParallelGatedMlp(nn.Module):
     forward = GatedMlp.forward
 
 
-_FUSED_ACTIVATIONS = {"gelu_approx": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu, "sqrelu": sqrelu_fwd}
-
-
 def _set_fused_args(module, activation, checkpoint_lvl, heuristic) -> None:
     """FusedMLP's / ParallelFusedMLP's checks and attributes (activation a name, as flash-attn's)."""
-    if checkpoint_lvl not in (0, 1, 2):
-        raise ValueError(f"checkpoint_lvl must be 0, 1 or 2, got {checkpoint_lvl!r}")
-    if activation not in _FUSED_ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_FUSED_ACTIVATIONS)}, got {activation!r}")
-    if not (heuristic == "auto" or (isinstance(heuristic, int) and -1 <= heuristic <= 4)):
-        raise ValueError(f"heuristic must be 'auto' or an int in -1..4, got {heuristic!r}")
+    check_mlp_args(activation, checkpoint_lvl, heuristic, allow_auto=True)
     module.activation = activation
     module.checkpoint_lvl = checkpoint_lvl
     module.heuristic = heuristic if activation != "sqrelu" else -1
 
 
+def _heuristic(module) -> int:
+    return fused_dense.AUTO_HEURISTIC if module.heuristic == "auto" else module.heuristic
+
+
+def _group(process_group):
+    """None for no group or a one-rank group (no collective: fused_dense's ONE_RANK_SHORTCUT)."""
+    return None if process_group is None or fused_dense._one_rank(process_group) else process_group
+
+
 class FusedMLP(nn.Module):
     """flash-attn's ``FusedMLP(in_features, hidden_features, out_features=None, bias1=True,
     bias2=True, activation='gelu_approx', return_residual=False, checkpoint_lvl=0,
-    heuristic='auto')`` in torch (see the module docstring)."""
+    heuristic='auto')``: ``cuflash.ops.fused_dense.fused_mlp_func`` (see the module docstring);
+    ``forward(x, process_group=None)``: with a process group, this rank's shards of fc1's rows
+    and fc2's columns, x's rows all-gathered first and the output reduce-scattered (flash-attn's)."""
 
     def __init__(self, in_features, hidden_features, out_features=None, bias1=True, bias2=True,
                  activation="gelu_approx", return_residual=False, checkpoint_lvl=0, heuristic="auto", device=None,
@@ -180,19 +187,25 @@ class FusedMLP(nn.Module):
         self.fc2 = nn.Linear(hidden_features, out_features, bias=bias2, **factory)
 
     def forward(self, x, process_group=None):
-        if process_group is not None:
-            raise UnsupportedFeature("FusedMLP: process_group (tensor-parallel reduce-scatter) is not supported; "
-                                     "call it with process_group=None")
-        y = self.fc2(_FUSED_ACTIVATIONS[self.activation](self.fc1(x)))
-        return (y, x) if self.return_residual else y
+        group = _group(process_group)
+        out = fused_mlp_func(x, self.fc1.weight, self.fc2.weight, self.fc1.bias, self.fc2.bias,
+                             activation=self.activation, save_pre_act=self.training,
+                             return_residual=self.return_residual, checkpoint_lvl=self.checkpoint_lvl,
+                             heuristic=_heuristic(self), process_group=group)
+        if self.return_residual:
+            out, x = out
+        if group is not None:
+            out = reduce_scatter(out, group)
+        return (out, x) if self.return_residual else out
 
 
 class ParallelFusedMLP(ParallelMLP):
     """flash-attn's ``flash_attn.ops.fused_dense.ParallelFusedMLP(in_features,
     hidden_features=None, out_features=None, activation='gelu_approx', process_group=None,
     bias1=True, bias2=True, sequence_parallel=True, checkpoint_lvl=0, heuristic='auto')``:
-    ``ParallelMLP`` with ``FusedMLP``'s activations by name, in torch (``checkpoint_lvl`` and
-    ``heuristic`` checked, not used)."""
+    ``ParallelMLP``'s shards (fc1 a ``ColumnParallelLinear``, fc2 a ``RowParallelLinear``, same
+    keys) run through ``fused_mlp_func`` (x all-gathered first with ``sequence_parallel``), the
+    output reduce-scattered (``sequence_parallel``) or all-reduced."""
 
     def __init__(self, in_features, hidden_features=None, out_features=None, activation="gelu_approx",
                  process_group=None, bias1=True, bias2=True, sequence_parallel=True, checkpoint_lvl=0,
@@ -204,4 +217,11 @@ class ParallelFusedMLP(ParallelMLP):
         self.sequence_parallel = sequence_parallel
 
     def forward(self, x):
-        return self.fc2(_FUSED_ACTIVATIONS[self.activation](self.fc1(x)))
+        group = _group(self.process_group)
+        out = fused_mlp_func(x, self.fc1.weight, self.fc2.weight, self.fc1.bias, self.fc2.bias,
+                             activation=self.activation, save_pre_act=self.training,
+                             checkpoint_lvl=self.checkpoint_lvl, heuristic=_heuristic(self), process_group=group,
+                             sequence_parallel=self.sequence_parallel)
+        if group is None:
+            return out
+        return reduce_scatter(out, group) if self.sequence_parallel else all_reduce(out, group)
