@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 
 import torch
 
@@ -98,6 +97,7 @@ def reference_backward(grad: Tensor, pre: Tensor, activation: str, bias_grad: bo
 # torch CUDA tensors: dense_act.cu
 
 from .torch_ops import _raw_stream  # noqa: E402 - (device index) -> cudaStream_t
+from .launch import RecordPlan  # noqa: E402 - the plans' launch steps
 
 _POINTER_FIELDS = ("pre", "out", "grad", "dpre", "partials", "dbias")
 _PTRS = struct.Struct("<6Q")   # DenseActParams' six pointers, written per call
@@ -127,20 +127,16 @@ def split_rows(rows: int, n: int, sm_count: int) -> tuple:
     return -(-rows // rows_per_split), rows_per_split
 
 
-class _Plan:
+class _Plan(RecordPlan):
     """One call shape: the module's kernels, the grids and a packed record of the static fields."""
-    __slots__ = ("device", "fwd", "bwd_bias", "bwd", "finish", "rows", "n", "splits", "col_blocks", "rec", "lock",
-                 "launch", "get_device", "set_device")
+    __slots__ = ("fwd", "bwd_bias", "bwd", "finish", "rows", "n", "splits", "col_blocks")
+    PTRS = _PTRS
 
     def __init__(self, rows, n, dtype, activation, device, vector):
-        from cupy_backends.cuda.api import driver
+        from .launch import ParamsRecord, pack
 
-        from .launch import ParamsRecord, _device_fns, pack
-
-        self.device = device.index
+        super().__init__(device.index)
         self.rows, self.n = rows, n
-        self.launch = driver.launchKernel
-        self.get_device, self.set_device = _device_fns()
         names = kernel_names(dtype, activation, vector)
         self.fwd, self.bwd_bias, self.bwd, self.finish = compile_mod.get_helper_functions("dense_act", names,
                                                                                           self.device)
@@ -148,20 +144,6 @@ class _Plan:
         self.splits, rows_per_split = split_rows(rows, n, sm_count)
         self.col_blocks = -(-n // (8 * THREADS))
         self.rec = ParamsRecord(pack("DenseActParams", **static_fields(rows, n, self.splits, rows_per_split)))
-        self.lock = threading.Lock()
-
-    def run(self, ptrs, steps, stream):
-        with self.lock:   # the packed record is shared; the driver copies it at each launch
-            _PTRS.pack_into(self.rec.bytes, 0, *ptrs)
-            current = self.get_device()
-            if current != self.device:
-                self.set_device(self.device)
-            try:
-                for fn, gx, gy, threads in steps:
-                    self.launch(fn, gx, gy, 1, threads, 1, 1, 0, stream, self.rec.argv_ptr, 0)
-            finally:
-                if current != self.device:
-                    self.set_device(current)
 
 
 def _vector(n, *tensors) -> bool:
@@ -188,7 +170,7 @@ def forward(pre: Tensor, activation: str) -> Tensor:
     rows, n = pre.shape
     if rows and n:
         plan = _plan(rows, n, pre.dtype, activation, pre.device, _vector(n, pre, out))
-        plan.run((pre.data_ptr(), out.data_ptr(), 0, 0, 0, 0), ((plan.fwd, plan.col_blocks, plan.splits, THREADS),),
+        plan.run((pre.data_ptr(), out.data_ptr(), 0, 0, 0, 0), ((plan.fwd, plan.col_blocks, plan.splits, THREADS, 0),),
                  _raw_stream(plan.device))
     return out
 
@@ -219,10 +201,10 @@ def backward(grad: Tensor, pre: Tensor, activation: str, bias_grad: bool, inplac
     if bias_grad:
         partials = torch.empty(plan.splits * n, dtype=torch.float32, device=grad.device)
         ptrs = (pre.data_ptr(), 0, grad.data_ptr(), dpre.data_ptr(), partials.data_ptr(), dbias.data_ptr())
-        steps = ((plan.bwd_bias, plan.col_blocks, plan.splits, THREADS),
-                 (plan.finish, -(-n // FINISH_THREADS), 1, FINISH_THREADS))
+        steps = ((plan.bwd_bias, plan.col_blocks, plan.splits, THREADS, 0),
+                 (plan.finish, -(-n // FINISH_THREADS), 1, FINISH_THREADS, 0))
     else:
         ptrs = (pre.data_ptr(), 0, grad.data_ptr(), dpre.data_ptr(), 0, 0)
-        steps = ((plan.bwd, plan.col_blocks, plan.splits, THREADS),)
+        steps = ((plan.bwd, plan.col_blocks, plan.splits, THREADS, 0),)
     plan.run(ptrs, steps, _raw_stream(plan.device))
     return dpre, dbias

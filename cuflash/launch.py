@@ -97,6 +97,36 @@ class ParamsRecord:
         self.argv_ptr = int(self.argv.ctypes.data)
 
 
+class RecordPlan:
+    """The base of the helper modules' call plans (the norms, dense_act): one packed ParamsRecord per
+    call shape (``rec``, made by the subclass), whose leading pointers each call writes through the
+    subclass's ``PTRS`` struct, and a run of launch steps ``(fn, grid x, grid y, threads, smem)`` on
+    the plan's device, under a lock (the record is shared; the driver copies it at each launch)."""
+    __slots__ = ("device", "rec", "lock", "launch", "get_device", "set_device")
+    PTRS: struct.Struct
+
+    def __init__(self, device_index: int):
+        from cupy_backends.cuda.api import driver
+
+        self.device = device_index
+        self.launch = driver.launchKernel
+        self.get_device, self.set_device = _device_fns()
+        self.lock = threading.Lock()
+
+    def run(self, ptrs, steps, stream):
+        with self.lock:
+            self.PTRS.pack_into(self.rec.bytes, 0, *ptrs)
+            current = self.get_device()
+            if current != self.device:
+                self.set_device(self.device)
+            try:
+                for fn, gx, gy, threads, smem in steps:
+                    self.launch(fn, gx, gy, 1, threads, 1, 1, smem, stream, self.rec.argv_ptr, 0)
+            finally:
+                if current != self.device:
+                    self.set_device(current)
+
+
 def _zeroed_i32(n: int, device: int, what: str):
     """A zeroed device buffer of n int32 on ``device`` (CuPy's pool), complete before it returns
     (a synchronizing memset: the first launch may come on any stream). Not during a CUDA-graph

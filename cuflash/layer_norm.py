@@ -18,7 +18,6 @@ launched by raw pointer on torch's current stream); others (CPU, float64) run
 from __future__ import annotations
 
 import struct
-import threading
 
 import torch
 
@@ -154,6 +153,7 @@ def reference_backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, 
 # torch CUDA tensors: layer_norm.cu
 
 from .torch_ops import _raw_stream  # noqa: E402 - (device index) -> cudaStream_t
+from .launch import RecordPlan  # noqa: E402 - the plans' launch steps
 
 
 
@@ -183,24 +183,23 @@ def static_fields(rows, n, is_rms, h_from_res, splits, rows_per_split, eps, zero
     return fields
 
 
-class _Plan:
+class _Plan(RecordPlan):
     """One call shape: the module's kernels, grids and a packed record of the static fields."""
-    __slots__ = ("device", "fwd", "bwd_dx", "bwd_dw", "finish", "bwd", "smem", "threads", "rows", "n", "splits",
-                 "rec", "lock", "launch", "get_device", "set_device", "dw_grid", "fused")
+    __slots__ = ("fwd", "bwd_dx", "bwd_dw", "finish", "bwd", "smem", "threads", "rows", "n", "splits", "dw_grid",
+                 "fused")
+    PTRS = _PTRS
 
     def __init__(self, rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
                  fused=False):
         from cupy_backends.cuda.api import driver
 
-        from .launch import ParamsRecord, _device_fns, pack
+        from .launch import ParamsRecord, pack
 
-        self.device = device.index
+        super().__init__(device.index)
         self.rows, self.n = rows, n
         chunks = plan_chunks(n, fused)
         self.threads = threads_for(n, chunks)
         exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector, chunks)
-        self.launch = driver.launchKernel
-        self.get_device, self.set_device = _device_fns()
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
         self.fwd, self.bwd_dx, self.bwd_dw, self.finish, self.bwd = fns
         self.fused = fused = bool(fused)
@@ -227,20 +226,6 @@ class _Plan:
         self.dw_grid = -(-n // (8 * _DW_THREADS))
         self.rec = ParamsRecord(pack("LayerNormParams", **static_fields(rows, n, is_rms, h_from_res, self.splits,
                                                                    rows_per_split, eps, zero_centered)))
-        self.lock = threading.Lock()
-
-    def run(self, ptrs, steps, stream):
-        with self.lock:   # the packed record is shared; the driver copies it at each launch
-            _PTRS.pack_into(self.rec.bytes, 0, *ptrs)
-            current = self.get_device()
-            if current != self.device:
-                self.set_device(self.device)
-            try:
-                for fn, gx, gy, threads, smem in steps:
-                    self.launch(fn, gx, gy, 1, threads, 1, 1, smem, stream, self.rec.argv_ptr, 0)
-            finally:
-                if current != self.device:
-                    self.set_device(current)
 
 
 def _vector(n, *tensors) -> bool:

@@ -404,8 +404,8 @@ def test_plan_launch_path_mocked(monkeypatch):
     calls = _mock_plan(monkeypatch)
     plan = dense_act._Plan(16384, 11008, torch.bfloat16, "sqrelu", types.SimpleNamespace(index=0), True)
     assert plan.col_blocks == 11 and plan.splits == 96
-    plan.run((16, 32, 48, 64, 80, 96), ((plan.bwd_bias, plan.col_blocks, plan.splits, 128),
-                                        (plan.finish, 43, 1, 256)), 7)
+    plan.run((16, 32, 48, 64, 80, 96), ((plan.bwd_bias, plan.col_blocks, plan.splits, 128, 0),
+                                        (plan.finish, 43, 1, 256, 0)), 7)
     assert [c[:9] for c in calls] == [(2, 11, 96, 1, 128, 1, 1, 0, 7), (4, 43, 1, 1, 256, 1, 1, 0, 7)]
     rec = plan.rec.record
     assert tuple(int(rec[f][0]) for f in dense_act._POINTER_FIELDS) == (16, 32, 48, 64, 80, 96)

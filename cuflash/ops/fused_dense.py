@@ -266,6 +266,31 @@ def _fc1_act(x2d, weight1, bias1, activation, heuristic, keep_pre):
     return pre, _act_fwd(pre, activation)
 
 
+def _input_grads(rows, weight, x_shape, total_x, gather, res, group, sp, need_x, need_w):
+    """The input step's gradients of y = x Wᵀ (+ the residual's with return_residual), given dy as rows:
+    (dx, dW). With a process group dx is reduce-scattered (sequence_parallel) or all-reduced while dW's
+    GEMM runs, and dW waits for the async all-gather of x (gather) first."""
+    grad_x = grad_w = reduce = None
+    if need_x:
+        if res is not None and group is None:   # the residual's gradient added by the GEMM
+            grad_x = torch.addmm(res.reshape(-1, res.shape[-1]), rows, weight)
+        else:
+            grad_x = rows @ weight
+        if group is not None:
+            grad_x, reduce = (reduce_scatter_raw if sp else all_reduce_raw)(grad_x, group, async_op=True)
+    if need_w:
+        if gather is not None:
+            gather.wait()
+        grad_w = rows.t() @ total_x.reshape(-1, total_x.shape[-1])
+    if reduce is not None:
+        reduce.wait()
+    if grad_x is not None:
+        grad_x = grad_x.reshape(x_shape)
+        if res is not None and group is not None:
+            grad_x = grad_x + res
+    return grad_x, grad_w
+
+
 class FusedDenseFunc(torch.autograd.Function):
     """flash-attn's ``FusedDenseFunc.apply(x, weight, bias, return_residual=False,
     process_group=None, sequence_parallel=True)``: out = x_full Wᵀ + b (x_full all-gathered with
@@ -300,27 +325,9 @@ class FusedDenseFunc(torch.autograd.Function):
         if group is not None and sp and need_w:
             total_x, gather = all_gather_raw(x, group, async_op=True)
         rows = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        grad_x = reduce = grad_w = grad_b = None
         res = args[0] if ctx.return_residual else None
-        if need_x:
-            if res is not None and group is None:   # the residual's gradient added by the GEMM
-                grad_x = torch.addmm(res.reshape(-1, res.shape[-1]), rows, weight)
-            else:
-                grad_x = rows @ weight
-            if group is not None:
-                grad_x, reduce = (reduce_scatter_raw if sp else all_reduce_raw)(grad_x, group, async_op=True)
-        if need_w:
-            if gather is not None:
-                gather.wait()
-            grad_w = rows.t() @ total_x.reshape(-1, total_x.shape[-1])
-        if ctx.has_bias and need_b:
-            grad_b = rows.sum(0)
-        if reduce is not None:
-            reduce.wait()
-        if grad_x is not None:
-            grad_x = grad_x.reshape(ctx.x_shape)
-            if res is not None and group is not None:
-                grad_x = grad_x + res
+        grad_b = rows.sum(0) if ctx.has_bias and need_b else None
+        grad_x, grad_w = _input_grads(rows, weight, ctx.x_shape, total_x, gather, res, group, sp, need_x, need_w)
         return grad_x, grad_w, grad_b, None, None, None
 
 
@@ -450,28 +457,13 @@ class FusedMLPFunc(torch.autograd.Function):
             grad_w2 = g.t() @ out1 if need_w2 else None
             grad_b2 = g.sum(0) if need_b2 else None
             del out1
-            grad_x = grad_w1 = grad_b1 = reduce = None
+            grad_x = grad_w1 = grad_b1 = None
             if need_x or need_w1 or need_b1:
                 dpre, grad_b1 = _act_bwd(g @ weight2, pre, activation, need_b1 and ctx.has_bias1)
                 del pre
                 res = args[0] if ctx.return_residual else None
-                if need_x:
-                    if res is not None and group is None:   # the residual's gradient added by the GEMM
-                        grad_x = torch.addmm(res.reshape(-1, res.shape[-1]), dpre, weight1)
-                    else:
-                        grad_x = dpre @ weight1
-                    if group is not None:
-                        grad_x, reduce = (reduce_scatter_raw if sp else all_reduce_raw)(grad_x, group, async_op=True)
-                if need_w1:
-                    if gather is not None:
-                        gather.wait()
-                    grad_w1 = dpre.t() @ total_x.reshape(-1, total_x.shape[-1])
-                if reduce is not None:
-                    reduce.wait()
-                if grad_x is not None:
-                    grad_x = grad_x.reshape(x.shape)
-                    if res is not None and group is not None:
-                        grad_x = grad_x + res
+                grad_x, grad_w1 = _input_grads(dpre, weight1, x.shape, total_x, gather, res, group, sp, need_x,
+                                               need_w1)
         return (grad_x, grad_w1, grad_b1, grad_w2, grad_b2) + (None,) * 7
 
 
