@@ -3,16 +3,12 @@
 plumbing (the torch ops cuflash::cross_entropy_fwd / _bwd / _bwd_, whose CPU impls run the float64
 reference of cuflash.cross_entropy) against the torch composition, eager and under
 torch.compile(fullgraph); torch.library.opcheck of the ops; the argument checks."""
-import shutil
-import subprocess
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from cuflash import cross_entropy as ce_kernels  # noqa: E402
-from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
-from cuflash.launch import struct_dtype  # noqa: E402
 from cuflash.ops import cross_entropy as ops  # noqa: E402
 from cuflash.ops.cross_entropy import cross_entropy_loss  # noqa: E402
 
@@ -145,8 +141,7 @@ def test_bad_arguments():
 # ---------------------------------------------------------------------------------------
 # the CUDA kernels' source, without a GPU
 
-NVCC = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+from helper_kernel_checks import assert_params_layout, needs_nvcc, ptxas_reports  # noqa: E402
 
 
 def instantiations():
@@ -159,30 +154,13 @@ def instantiations():
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_kernel_compiles_without_spills(tmp_path, arch):
-    names = instantiations()
-    lines = [render_source("cross_entropy")]
-    lines += [f"template __global__ void {n}(const cuflash::CrossEntropyParams);" for n in names]
-    src = tmp_path / "cross_entropy.cu"
-    src.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "c.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    reports = parse_ptxas(proc.stderr + proc.stdout)
-    assert len(reports) == len(names)
+    reports = ptxas_reports(tmp_path, "cross_entropy", "CrossEntropyParams", instantiations(), arch)
     assert all(r.spill_stores == 0 and r.stack_bytes == 0 and r.registers <= 64 for r in reports), reports
 
 
 @needs_nvcc
 def test_params_layout_matches_nvcc(tmp_path):
-    dt = struct_dtype("CrossEntropyParams")
-    checks = [f"static_assert(sizeof(cuflash::CrossEntropyParams) == {dt.itemsize}, \"sizeof\");"]
-    checks += [f"static_assert(__builtin_offsetof(cuflash::CrossEntropyParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
-               for n in dt.names]
-    src = tmp_path / "layout.cu"
-    src.write_text('#include "params_cross_entropy.cuh"\n' + "\n".join(checks) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
-                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    dt = assert_params_layout(tmp_path, "CrossEntropyParams", "params_cross_entropy.cuh")
     # the per-call writes of cuflash.cross_entropy: nine pointers, then three strides
     assert dt.names[:9] == ("logits", "labels", "loss", "z_loss", "lse", "part", "partials", "grad_loss", "dlogits")
     assert dt.names[9:12] == ("grad_loss_stride", "logits_row_stride", "dlogits_row_stride")

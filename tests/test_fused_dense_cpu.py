@@ -7,8 +7,6 @@ by nvcc without spills with its params struct laid out as cuflash.launch packs i
 launches mocked; warmup --helpers dense_act; torch.compile(fullgraph) through the cuflash::dense_act
 ops; torch.library.opcheck. The process-group paths run in tests/test_parallel_mlp_cpu.py (gloo)."""
 import inspect
-import shutil
-import subprocess
 import types
 
 import pytest
@@ -18,8 +16,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from cuflash import dense_act  # noqa: E402
-from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
-from cuflash.launch import struct_dtype  # noqa: E402
+from cuflash.compile import kernel_dir  # noqa: E402
 from cuflash.modules.mlp import FusedMLP, ParallelFusedMLP  # noqa: E402
 from cuflash.ops import fused_dense  # noqa: E402
 from cuflash.ops.fused_dense import (FusedDense, FusedDenseFunc, FusedMLPFunc, fused_dense_func,  # noqa: E402
@@ -329,8 +326,7 @@ def test_kernel_takes():
         dense_act.forward(torch.randn(3, 4), "gelu")
 
 
-NVCC = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+from helper_kernel_checks import assert_params_layout, needs_nvcc, ptxas_reports  # noqa: E402
 
 
 def instantiations():
@@ -341,30 +337,13 @@ def instantiations():
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_kernel_compiles_without_spills(tmp_path, arch):
-    names = instantiations()
-    lines = [render_source("dense_act")]
-    lines += [f"template __global__ void {n}(const cuflash::DenseActParams);" for n in names]
-    src = tmp_path / "dense_act.cu"
-    src.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "d.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    reports = parse_ptxas(proc.stderr + proc.stdout)
-    assert len(reports) == len(names)
+    reports = ptxas_reports(tmp_path, "dense_act", "DenseActParams", instantiations(), arch)
     assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in reports), reports
 
 
 @needs_nvcc
 def test_params_layout_matches_nvcc(tmp_path):
-    dt = struct_dtype("DenseActParams")
-    checks = [f"static_assert(sizeof(cuflash::DenseActParams) == {dt.itemsize}, \"sizeof\");"]
-    checks += [f"static_assert(__builtin_offsetof(cuflash::DenseActParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
-               for n in dt.names]
-    src = tmp_path / "layout.cu"
-    src.write_text('#include "params_dense_act.cuh"\n' + "\n".join(checks) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
-                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    dt = assert_params_layout(tmp_path, "DenseActParams", "params_dense_act.cuh")
     assert dense_act._PTRS.size == dt.fields["rows"][1]
     assert dt.names[:len(dense_act._POINTER_FIELDS)] == dense_act._POINTER_FIELDS
 

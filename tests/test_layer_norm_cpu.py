@@ -3,15 +3,13 @@
 plumbing (the torch ops cuflash::layer_norm_fwd / _bwd, whose CPU impls run cuflash.layer_norm's
 float64 reference) against the torch composition, eager and under torch.compile(fullgraph);
 torch.library.opcheck of the ops; which calls take the route."""
-import shutil
-import subprocess
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from cuflash import layer_norm as ln_kernels  # noqa: E402
-from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
+from cuflash.compile import kernel_dir  # noqa: E402
 from cuflash.launch import struct_dtype  # noqa: E402
 from cuflash.ops import layer_norm as ops  # noqa: E402
 from cuflash.ops.layer_norm import layer_norm_fn  # noqa: E402
@@ -178,8 +176,7 @@ def test_not_a_registered_family():
 # ---------------------------------------------------------------------------------------
 # the CUDA kernels' source, without a GPU
 
-NVCC = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+from helper_kernel_checks import assert_params_layout, needs_nvcc, ptxas_reports  # noqa: E402
 
 
 def instantiations():
@@ -198,30 +195,13 @@ def instantiations():
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_kernel_compiles_without_spills(tmp_path, arch):
-    names = instantiations()
-    lines = [render_source("layer_norm")]
-    lines += [f"template __global__ void {n}(const cuflash::LayerNormParams);" for n in names]
-    src = tmp_path / "layer_norm.cu"
-    src.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    reports = parse_ptxas(proc.stderr + proc.stdout)
-    assert len(reports) == len(names)
+    reports = ptxas_reports(tmp_path, "layer_norm", "LayerNormParams", instantiations(), arch)
     assert all(r.spill_stores == 0 and r.stack_bytes == 0 for r in reports), reports
 
 
 @needs_nvcc
 def test_params_layout_matches_nvcc(tmp_path):
-    dt = struct_dtype("LayerNormParams")
-    checks = [f"static_assert(sizeof(cuflash::LayerNormParams) == {dt.itemsize}, \"sizeof\");"]
-    checks += [f"static_assert(__builtin_offsetof(cuflash::LayerNormParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
-               for n in dt.names]
-    src = tmp_path / "layout.cu"
-    src.write_text('#include "params_layer_norm.cuh"\n' + "\n".join(checks) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
-                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    dt = assert_params_layout(tmp_path, "LayerNormParams", "params_layer_norm.cuh")
     assert ln_kernels._PTRS.size == dt.fields["rows"][1]   # the per-call pointers come first
 
 

@@ -3,7 +3,6 @@
 gradcheck of every autograd function; RotaryEmbedding's tables; the kernel source compiled by nvcc
 (sm_80, sm_90a: no spills) with its params struct laid out as cuflash.launch packs it."""
 import math
-import shutil
 import subprocess
 
 import numpy as np
@@ -12,8 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cuflash import rotary as rotary_op  # noqa: E402
-from cuflash.compile import kernel_dir, parse_ptxas, render_source  # noqa: E402
-from cuflash.launch import struct_dtype  # noqa: E402
+from cuflash.compile import kernel_dir  # noqa: E402
 from cuflash.layers.rotary import (RotaryEmbedding, apply_rotary_emb, apply_rotary_emb_func,  # noqa: E402
                                    apply_rotary_emb_kv_, apply_rotary_emb_qkv_, apply_rotary_emb_torch,
                                    rotate_half)
@@ -237,8 +235,7 @@ def test_pos_idx_in_fp32_false_rounds_positions_to_inv_freq_dtype():
 # ---------------------------------------------------------------------------------------
 # the CUDA kernel's source, without a GPU
 
-NVCC = shutil.which("nvcc")
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+from helper_kernel_checks import assert_params_layout, needs_nvcc, ptxas_reports  # noqa: E402
 INSTANTIATIONS = [(e, t, i, v) for e, t in (("cuflash::bf16", "cuflash::bf16"), ("cuflash::fp16", "float"),
                                              ("float", "float")) for i in ("false", "true") for v in ("false", "true")]
 
@@ -246,30 +243,14 @@ INSTANTIATIONS = [(e, t, i, v) for e, t in (("cuflash::bf16", "cuflash::bf16"), 
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_kernel_compiles_without_spills(tmp_path, arch):
-    lines = [render_source("rotary")]
-    lines += [f"template __global__ void cuflash::rotary<{e}, {t}, {i}, {v}>(const cuflash::RotaryParams);"
-              for e, t, i, v in INSTANTIATIONS]
-    src = tmp_path / "rotary.cu"
-    src.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v",
-                           "-o", str(tmp_path / "r.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    reports = parse_ptxas(proc.stderr + proc.stdout)
-    assert len(reports) == len(INSTANTIATIONS)
+    names = [f"cuflash::rotary<{e}, {t}, {i}, {v}>" for e, t, i, v in INSTANTIATIONS]
+    reports = ptxas_reports(tmp_path, "rotary", "RotaryParams", names, arch)
     assert all(r.spill_stores == 0 and r.stack_bytes == 0 and r.registers <= 64 for r in reports), reports
 
 
 @needs_nvcc
 def test_params_layout_matches_nvcc(tmp_path):
-    dt = struct_dtype("RotaryParams")
-    checks = [f"static_assert(sizeof(cuflash::RotaryParams) == {dt.itemsize}, \"sizeof\");"]
-    checks += [f"static_assert(__builtin_offsetof(cuflash::RotaryParams, {n}) == {dt.fields[n][1]}, \"{n}\");"
-               for n in dt.names]
-    src = tmp_path / "layout.cu"
-    src.write_text('#include "params_rotary.cuh"\n' + "\n".join(checks) + "\n")
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_80", "-std=c++17", f"-I{kernel_dir()}",
-                           "-o", str(tmp_path / "l.cubin"), str(src)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr + proc.stdout
+    dt = assert_params_layout(tmp_path, "RotaryParams", "params_rotary.cuh")
     # the per-call writes of cuflash.rotary: six pointers first, then x's strides, then out's
     assert dt.names[:6] == ("x", "out", "cos", "sin", "cu_seqlens", "seqlen_offsets")
     assert dt.names[9:12] == ("out_batch_stride", "out_row_stride", "out_head_stride")
