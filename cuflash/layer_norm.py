@@ -328,6 +328,7 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
 # backward above.
 
 entries: dict = {}   # layer_norm_fn's call key -> Entry
+ENTRY_LIMIT = 1024   # entries kept at most (emptied when full: the plans below them stay cached in _plans)
 
 
 def _poison(*tensors) -> None:

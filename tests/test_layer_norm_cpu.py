@@ -415,6 +415,17 @@ def test_fast_path_changed_argument_new_entry(fake_gpu, change):
     assert len(ln_kernels.entries) == 2
 
 
+def test_fast_path_entries_bounded(fake_gpu, monkeypatch):
+    """Call keys that keep changing (varlen batches: a new row count each step) do not grow the entries
+    past ENTRY_LIMIT: a full cache starts over, and the calls still run."""
+    monkeypatch.setattr(ln_kernels, "ENTRY_LIMIT", 3)
+    w = _bf(64)
+    for rows in range(1, 8):
+        y = layer_norm_fn(_bf(rows, 64), w, None)
+        assert y.shape == (rows, 64) and len(ln_kernels.entries) <= 3
+    assert len(ln_kernels.entries) == 1   # 7 keys, emptied at the 4th and the 7th
+
+
 def test_fast_path_bad_input_still_raises(fake_gpu):
     x, w = _bf(4, 64), _bf(64)
     layer_norm_fn(x, w, None)

@@ -357,6 +357,8 @@ def layer_norm_fn(x, weight, bias, residual=None, x1=None, weight1=None, bias1=N
     if key is not None:
         res_dtype = residual.dtype if residual is not None else torch.float32 if residual_in_fp32 else x.dtype
         if x.numel() and _ln.kernel_takes(x, weight, bias, residual, res_dtype):   # a CUDA call of the kernels
+            if len(_ln.entries) >= _ln.ENTRY_LIMIT:   # call keys that keep changing (varlen batches): start over
+                _ln.entries.clear()
             entry = _ln.entries[key] = _ln.Entry(x, weight, bias, residual, eps, is_rms_norm, zero_centered_weight,
                                                  res_dtype)
             return _fast_call(entry, x, weight, bias, residual, prenorm)
