@@ -144,7 +144,8 @@ def test_startup_plan():
                     ("varlen", "cuflash", "warm"), ("varlen", "cuflash", "cold"),
                     ("varlen", "sdpa_flash+nested", "n/a")]
     assert len(startup.plan_of(startup.DEFAULT_CALLS)) == 35   # kvcache_b1: 4, cross_entropy: 3
-    assert len(startup.plan_of(startup.CALLS)) == 35 + 3 * 2   # mix, deterministic, varlen_mix: no peers
+    # mix, deterministic, varlen_mix: no peers; rms_norm (not a default call): cuflash warm / cold, torch
+    assert len(startup.plan_of(startup.CALLS)) == 35 + 3 * 2 + 3
     with pytest.raises(ValueError, match="calls: unknown call 'decode'"):
         startup.plan_of(["decode"])
 
@@ -190,7 +191,7 @@ def test_startup_comparisons_and_table():
 
 @pytest.mark.parametrize("impl,call", [("cuflash", "varlen"), ("cuflash", "kvcache"), ("sdpa_cudnn", "kvcache_b1"),
                                        ("cuflash", "kvcache_b1"), ("cuflash", "cross_entropy"),
-                                       ("torch", "cross_entropy"),
+                                       ("torch", "cross_entropy"), ("cuflash", "rms_norm"), ("torch", "rms_norm"),
                                        ("cuflash", "causal_fwdbwd"), ("sdpa_cudnn+mask", "alibi"),
                                        ("cuflash", "mix"), ("cuflash", "deterministic"), ("cuflash", "varlen_mix")])
 def test_startup_child_calls_dry_run(tmp_path, impl, call):

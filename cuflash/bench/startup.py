@@ -27,6 +27,9 @@ The calls (``call`` in each record; ``CALLS`` names SDPA's peers):
 * cross_entropy: ``cuflash.ops.cross_entropy.cross_entropy_loss`` forward and backward (the sum
   of the losses) on bf16 logits (batch·seqlen rows, ``CE_VOCAB`` classes, int64 labels); its peer
   ``torch``: ``F.cross_entropy(reduction="sum")`` and its backward;
+* rms_norm: ``cuflash.ops.layer_norm.rms_norm_fn`` forward and backward (the sum of y) on bf16
+  rows (batch·seqlen rows of heads·head-dim features, a bf16 weight); its peer ``torch``:
+  ``F.rms_norm`` and its backward (not among the default calls: ``--startup-calls rms_norm``);
 * causal_fwdbwd: the causal call's forward and ``out.backward(dout)``; SDPA flash and cuDNN;
 * mix: causal with ``window_size=(1024, 0)`` and ``softcap=30`` (a feature mix); compared with
   SDPA's window call;
@@ -83,6 +86,7 @@ CALLS = {
     "kvcache": ("sdpa_flash", "sdpa_cudnn"),
     "kvcache_b1": ("sdpa_flash", "sdpa_cudnn"),
     "cross_entropy": ("torch",),
+    "rms_norm": ("torch",),
     "causal_fwdbwd": ("sdpa_flash", "sdpa_cudnn"),
     "mix": (),
     "deterministic": (),
@@ -105,7 +109,7 @@ if not cpu:
     torch.cuda.init()
 sync = (lambda: None) if cpu else torch.cuda.synchronize
 dev, dt = "cpu" if cpu else "cuda", torch.bfloat16
-grad = call in ("causal_fwdbwd", "deterministic", "cross_entropy")
+grad = call in ("causal_fwdbwd", "deterministic", "cross_entropy", "rms_norm")
 if call == "kvcache_b1":   # one sequence over 4·s keys
     b, s = 1, 4 * s
 if call in ("varlen", "varlen_mix"):   # batch sequences of 1.5 and 0.5 times s in turn
@@ -124,6 +128,9 @@ if call in ("kvcache", "kvcache_b1") and impl != "cuflash":
 if call == "cross_entropy":
     logits = torch.randn(b * s, CE_VOCAB, device=dev, dtype=dt, requires_grad=True)
     labels = torch.randint(0, CE_VOCAB, (b * s,), device=dev)
+if call == "rms_norm":
+    xn = torch.randn(b * s, h * d, device=dev, dtype=dt, requires_grad=True)
+    wn = torch.ones(h * d, device=dev, dtype=dt, requires_grad=True)
 dout = torch.randn(shape, device=dev, dtype=dt)
 slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], dtype=torch.float32,
                       device=dev)
@@ -155,12 +162,19 @@ if impl == "cuflash":
         from cuflash.ops.cross_entropy import cross_entropy_loss
         f = lambda: cross_entropy_loss(logits, labels)[0].sum()
         dout = None
+    elif call == "rms_norm":
+        from cuflash.ops.layer_norm import rms_norm_fn
+        f = lambda: rms_norm_fn(xn, wn, None).sum()
+        dout = None
     else:
         f = lambda: cuflash.flash_attn_func(q, k, v, **kw)
     context = None
-elif impl == "torch":   # cross entropy's peer
+elif impl == "torch":   # cross entropy's and the norm's peer
     import torch.nn.functional as F
-    f = lambda: F.cross_entropy(logits, labels, reduction="sum")
+    if call == "rms_norm":
+        f = lambda: F.rms_norm(xn, (h * d,), wn).sum()
+    else:
+        f = lambda: F.cross_entropy(logits, labels, reduction="sum")
     dout, context = None, None
 else:
     import torch.nn.functional as F
