@@ -261,8 +261,8 @@ def test_routes(monkeypatch):
 
 def test_small_training_calls_take_the_composition(monkeypatch):
     """FUSED_MIN_ELEMENTS: lvl-0 gelu_approx / relu training calls below it take the torch composition;
-    sqrelu, lvl 1 / 2 and save_pre_act=False never; calls with nothing to differentiate run the forward
-    without the autograd.Function. (The CUDA rule forced onto CPU float64: dense_act's reference.)"""
+    sqrelu, lvl 1 / 2 and save_pre_act=False never; calls with nothing to differentiate run the fused
+    forward without the autograd.Function, below the threshold too. (The CUDA rule forced onto CPU float64: dense_act's reference.)"""
     x, w1, b1, w2, b2 = leaves()   # 10 rows x 11 hidden
     take = fused_dense._composition_takes
     monkeypatch.setattr(fused_dense, "FUSED_MIN_ELEMENTS", 111)
@@ -284,6 +284,13 @@ def test_small_training_calls_take_the_composition(monkeypatch):
     assert torch.allclose(fused_mlp_func(x, w1, w2, b1, b2), want) and len(calls) == 1   # the composition
     fused_mlp_func(x, w1, w2, b1, b2, activation="sqrelu")
     assert len(calls) == 2
+    # inference takes the fused forward whatever the training rule says (the epilogue where it applies)
+    forwards = []
+    real_fwd = fused_dense._mlp_forward
+    monkeypatch.setattr(fused_dense, "_mlp_forward", lambda *a: forwards.append(a) or real_fwd(*a))
+    with torch.no_grad():
+        out = fused_mlp_func(x, w1, w2, b1, b2)
+    assert torch.allclose(out, want) and len(forwards) == 1 and len(calls) == 2 and out.grad_fn is None
 
 
 def test_module_heuristic_auto(monkeypatch):

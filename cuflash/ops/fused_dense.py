@@ -26,8 +26,9 @@ fc1 → act → fc2 runs as:
 * routing: training calls of the default form (checkpoint_lvl 0, no process group) take the torch
   composition with 'relu' and 'gelu_approx' (the fused form measured no faster there on the H200; a
   finite ``FUSED_MIN_ELEMENTS`` sends gelu_approx calls of at least that many pre-activation elements to
-  the fused path); 'sqrelu', ``checkpoint_lvl`` 1 / 2 and process groups run it; calls with nothing to differentiate run the forward without the
-  autograd.Function (nothing saved).
+  the fused path); 'sqrelu', ``checkpoint_lvl`` 1 / 2 and process groups run it. Calls with nothing
+  to differentiate run the fused forward (fc1's activation in the epilogue where it applies) without
+  the autograd.Function (nothing saved), whatever the training rule says.
 
 Other tensors (CPU, float64, fp32 without autocast) run the torch composition ``F.linear`` →
 activation → ``F.linear`` with torch's autograd (exact in float64), or, with a
@@ -173,7 +174,8 @@ FUSED_MIN_ELEMENTS = 1 << 62
 
 
 def _composition_takes(x, weight1, activation, save_pre_act, checkpoint_lvl) -> bool:
-    """Whether a CUDA call the fused path could take runs the torch composition (FUSED_MIN_ELEMENTS)."""
+    """Whether a CUDA training call the fused path could take runs the torch composition
+    (FUSED_MIN_ELEMENTS); calls with nothing to differentiate always take the fused forward."""
     if not save_pre_act or checkpoint_lvl != 0 or activation == "sqrelu":
         return False
     if activation == "relu":   # torch's ReLU step is as cheap as the kernel's: the composition at every size
@@ -487,14 +489,16 @@ def fused_mlp_func(x: Tensor, weight1: Tensor, weight2: Tensor, bias1=None, bias
         raise ValueError(f"x must have at least 2 dimensions (rows, features) with a process_group, got shape "
                          f"{tuple(x.shape)}")
     fused = _takes_fused(x, weight1, weight2, bias1, bias2)
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                               for t in (x, weight1, bias1, weight2, bias2))
+    if (process_group is not None or fused) and not training:
+        # nothing to differentiate (inference, whatever save_pre_act / checkpoint_lvl say): the forward alone
+        # (fc1's activation in its cuBLASLt epilogue where it applies), no autograd.Function, nothing saved
+        x_used, *_, out = _mlp_forward(x, weight1, bias1, weight2, bias2, activation, heuristic, False,
+                                       process_group, sequence_parallel)
+        return (out, x_used) if return_residual else out
     if process_group is not None or (fused and not _composition_takes(x, weight1, activation, save_pre_act,
                                                                       checkpoint_lvl)):
-        if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                                for t in (x, weight1, bias1, weight2, bias2))):
-            # nothing to differentiate (inference): the forward alone, no autograd.Function, no saved tensors
-            x_used, *_, out = _mlp_forward(x, weight1, bias1, weight2, bias2, activation, heuristic, False,
-                                           process_group, sequence_parallel)
-            return (out, x_used) if return_residual else out
         return FusedMLPFunc.apply(x, weight1, bias1, weight2, bias2, activation, save_pre_act, return_residual,
                                   checkpoint_lvl, heuristic, process_group, sequence_parallel)
     out = F.linear(_activation_fn(activation)(F.linear(x, weight1, bias1)), weight2, bias2)
