@@ -113,16 +113,18 @@ def main():
             json.dump(rows, f, indent=1)
 
 
-def attention_only(args) -> list:
-    """The attention alone at the model's shape (batch, seqlen, 12 heads, head dim 64, causal,
-    packed qkv as MHA passes it): cuflash's flash_attn_qkvpacked_func against SDPA, forward +
-    backward and forward, interleaved, median over --iters; x 12 layers is the model's share."""
+def attention_only(args, seqlen=None, causal=True) -> list:
+    """The attention alone at the model's shape (batch, seqlen (args.seqlen unless given), 12 heads,
+    head dim 64, causal or not, packed qkv as MHA passes it): cuflash's flash_attn_qkvpacked_func
+    against SDPA, forward + backward and forward, interleaved, median over --iters; x 12 layers is
+    the model's share (models_vit_timing.py: 197 tokens, non-causal)."""
     from cuflash.api import flash_attn_qkvpacked_func
 
-    qkv = torch.randn(args.batch, args.seqlen, 3, 12, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dout = torch.randn(args.batch, args.seqlen, 12, 64, device="cuda", dtype=torch.bfloat16)
-    sdpa = SdpaSelfAttention(types.SimpleNamespace(causal=True, softmax_scale=None))
-    peers = {"cuflash": lambda: flash_attn_qkvpacked_func(qkv, causal=True), "sdpa": lambda: sdpa(qkv)}
+    seqlen = args.seqlen if seqlen is None else seqlen
+    qkv = torch.randn(args.batch, seqlen, 3, 12, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(args.batch, seqlen, 12, 64, device="cuda", dtype=torch.bfloat16)
+    sdpa = SdpaSelfAttention(types.SimpleNamespace(causal=causal, softmax_scale=None))
+    peers = {"cuflash": lambda: flash_attn_qkvpacked_func(qkv, causal=causal), "sdpa": lambda: sdpa(qkv)}
     out = {name: fn() for name, fn in peers.items()}
     err = (out["cuflash"].float() - out["sdpa"].float()).abs().max().item()
     times = {(name, what): [] for name in peers for what in ("fwd+bwd", "fwd")}
@@ -143,7 +145,7 @@ def attention_only(args) -> list:
                     times[(name, what)].append(start.elapsed_time(stop))
     rows = []
     for (name, what), ts in times.items():
-        rows.append(dict(peer=name, what=f"attention {what}", batch=args.batch, seqlen=args.seqlen,
+        rows.append(dict(peer=name, what=f"attention {what}", batch=args.batch, seqlen=seqlen,
                          median_ms=statistics.median(ts), min_ms=min(ts), iters=len(ts), max_abs_diff_vs_sdpa=err))
         print(f"attention {name:8s} {what:8s} median {statistics.median(ts):7.3f} ms  min {min(ts):7.3f} ms "
               f"(x 12 layers {12 * statistics.median(ts):6.2f} ms)")

@@ -20,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import types
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,19 +28,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from cuflash.models.vit import vit_base_patch16_224  # noqa: E402
 
-
-class SdpaSelfAttention(torch.nn.Module):
-    """FlashSelfAttention's forward on packed qkv (batch, seqlen, 3, heads, head_dim) through SDPA."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.causal, self.softmax_scale = inner.causal, inner.softmax_scale
-
-    def forward(self, qkv, causal=None, **kwargs):
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal if causal is None else causal,
-                                             scale=self.softmax_scale)
-        return out.transpose(1, 2)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models_gpt_timing as gpt_timing  # noqa: E402 - its SDPA wrapper and attention-only timing
+from models_gpt_timing import SdpaSelfAttention  # noqa: E402
 
 
 class SdpaCrossAttention(SdpaSelfAttention):
@@ -130,42 +119,10 @@ def main():
 
 
 def attention_only(args) -> list:
-    """The attention alone at the model's shape (batch, 197, 12 heads, head dim 64, non-causal,
-    packed qkv as MHA passes it): cuflash against SDPA, forward + backward and forward,
-    interleaved, median over --iters; x 12 layers is roughly the model's share (the forward's last
-    layer is a 1-query cross-attention)."""
-    from cuflash.api import flash_attn_qkvpacked_func
-
-    qkv = torch.randn(args.batch, 197, 3, 12, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dout = torch.randn(args.batch, 197, 12, 64, device="cuda", dtype=torch.bfloat16)
-    sdpa = SdpaSelfAttention(types.SimpleNamespace(causal=False, softmax_scale=None))
-    peers = {"cuflash": lambda: flash_attn_qkvpacked_func(qkv), "sdpa": lambda: sdpa(qkv)}
-    out = {name: fn() for name, fn in peers.items()}
-    err = (out["cuflash"].float() - out["sdpa"].float()).abs().max().item()
-    times = {(name, what): [] for name in peers for what in ("fwd+bwd", "fwd")}
-    for it in range(args.iters + 3):
-        for name, fn in peers.items():
-            for what in ("fwd+bwd", "fwd"):
-                qkv.grad = None
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                if what == "fwd":
-                    with torch.no_grad():
-                        fn()
-                else:
-                    fn().backward(dout)
-                stop.record()
-                torch.cuda.synchronize()
-                if it >= 3:
-                    times[(name, what)].append(start.elapsed_time(stop))
-    rows = []
-    for (name, what), ts in times.items():
-        rows.append(dict(peer=name, what=f"attention {what}", batch=args.batch, seqlen=197,
-                         median_ms=statistics.median(ts), min_ms=min(ts), iters=len(ts), max_abs_diff_vs_sdpa=err))
-        print(f"attention {name:8s} {what:8s} median {statistics.median(ts):7.3f} ms  min {min(ts):7.3f} ms "
-              f"(x 12 layers {12 * statistics.median(ts):6.2f} ms)")
-    print(f"attention output max |cuflash - sdpa| {err:.3e}")
-    return rows
+    """The attention alone at ViT-B/16's shape (batch, 197 tokens, 12 heads, head dim 64, non-causal):
+    models_gpt_timing.attention_only's peers and timing; x 12 layers is roughly the model's share (the
+    forward's last layer is a 1-query cross-attention)."""
+    return gpt_timing.attention_only(args, seqlen=197, causal=False)
 
 
 if __name__ == "__main__":
