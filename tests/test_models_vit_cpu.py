@@ -5,8 +5,10 @@ embedding, class token, position embedding, pre-norm blocks x + attn(norm1(x)), 
 final norm, pooling, fc_norm, head), in float64, with cuflash's attention (its float64 reference
 on the CPU, use_flash_attn=True) and the torch attention; for global_pool "token" / "avg" / "",
 class_token off, no_embed_class, pre_norm, fc_norm, the fused dropout + add + LayerNorm path and
-fused_mlp; gradients; the flash-attn-layout round trip; loading from .safetensors files and
-directories; refused arguments."""
+fused_mlp; timm's LayerScale (init_values: x + gamma · branch) and max / avgmax pooling; timm's
+weight_init modes "jax", "jax_nlhb", "moco" (their distributions checked); gradients; the
+flash-attn-layout round trip; loading from .safetensors files and directories; refused
+arguments."""
 import math
 
 import pytest
@@ -28,7 +30,8 @@ def rnd(*shape, scale=0.3):
     return torch.randn(*shape, dtype=F64) * scale
 
 
-def timm_state(class_token=True, no_embed_class=False, pre_norm=False, use_fc_norm=False, mlp_ratio=2.0):
+def timm_state(class_token=True, no_embed_class=False, pre_norm=False, use_fc_norm=False, mlp_ratio=2.0,
+               layer_scale=False):
     n_patches = (IMG[0] // P) * (IMG[1] // P)
     inner = int(D * mlp_ratio)
     sd = {"patch_embed.proj.weight": rnd(D, C, P, P, scale=0.1),
@@ -48,6 +51,8 @@ def timm_state(class_token=True, no_embed_class=False, pre_norm=False, use_fc_no
                    p + "norm2.bias": rnd(D), p + "attn.qkv.weight": rnd(3 * D, D), p + "attn.qkv.bias": rnd(3 * D),
                    p + "attn.proj.weight": rnd(D, D), p + "attn.proj.bias": rnd(D), p + "mlp.fc1.weight": rnd(inner, D),
                    p + "mlp.fc1.bias": rnd(inner), p + "mlp.fc2.weight": rnd(D, inner), p + "mlp.fc2.bias": rnd(D)})
+        if layer_scale:       # trained gammas: any per-channel values, not the init
+            sd[p + "ls1.gamma"], sd[p + "ls2.gamma"] = rnd(D), rnd(D)
     return sd
 
 
@@ -86,12 +91,13 @@ def timm_ref(sd, img, global_pool="token", class_token=True, no_embed_class=Fals
         q, k, v = F.linear(t, sd[p + "attn.qkv.weight"], sd[p + "attn.qkv.bias"]).unflatten(-1, (3, H, hd)).unbind(2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         a = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).softmax(-1) @ v
-        x = x + F.linear(a.transpose(1, 2).flatten(-2), sd[p + "attn.proj.weight"], sd[p + "attn.proj.bias"])
+        ls1, ls2 = sd.get(p + "ls1.gamma", 1.0), sd.get(p + "ls2.gamma", 1.0)     # LayerScale: x + gamma · branch
+        x = x + ls1 * F.linear(a.transpose(1, 2).flatten(-2), sd[p + "attn.proj.weight"], sd[p + "attn.proj.bias"])
         t = ln(x, sd, p + "norm2.")
         x = fp32(x)
         t = F.gelu(F.linear(t, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"]),
                    approximate="tanh" if tanh_gelu else "none")
-        x = x + F.linear(t, sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+        x = x + ls2 * F.linear(t, sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
     if not use_fc_norm:
         x = ln(x, sd, "norm.")
     if features:
@@ -99,6 +105,10 @@ def timm_ref(sd, img, global_pool="token", class_token=True, no_embed_class=Fals
     npt = 1 if class_token else 0
     if global_pool == "avg":
         x = x[:, npt:].mean(1)
+    elif global_pool == "max":
+        x = x[:, npt:].max(1).values
+    elif global_pool == "avgmax":
+        x = (x[:, npt:].max(1).values + x[:, npt:].mean(1)) / 2
     elif global_pool == "token":
         x = x[:, 0]
     if use_fc_norm:
@@ -119,6 +129,9 @@ CASES = {
     "avg_no_fc_norm": dict(global_pool="avg", fc_norm=False),
     "token_fused_ln": dict(fused_dropout_add_ln=True),
     "token_fused_mlp_bias_fc": dict(fused_mlp=True, fused_bias_fc=True),
+    "token_layer_scale": dict(init_values=1e-5),
+    "avgmax_layer_scale_fused_ln": dict(global_pool="avgmax", init_values=0.1, fused_dropout_add_ln=True),
+    "max_no_cls_layer_scale": dict(global_pool="max", class_token=False, init_values=1.0),
 }
 
 
@@ -127,10 +140,10 @@ CASES = {
 def test_vit_matches_timm_formulas(case, flash):
     kw = CASES[case]
     pool = kw.get("global_pool", "token")
-    use_fc_norm = pool == "avg" if kw.get("fc_norm") is None else kw["fc_norm"]
+    use_fc_norm = pool in ("avg", "max", "avgmax") if kw.get("fc_norm") is None else kw["fc_norm"]
     shape = dict(class_token=kw.get("class_token", True), no_embed_class=kw.get("no_embed_class", False),
                  pre_norm=kw.get("pre_norm", False))
-    sd = timm_state(use_fc_norm=use_fc_norm, **shape)
+    sd = timm_state(use_fc_norm=use_fc_norm, layer_scale="init_values" in kw, **shape)
     m = make(flash, **kw)
     m.load_state_dict(sd)
     m.eval()
@@ -148,11 +161,12 @@ def test_vit_matches_timm_formulas(case, flash):
         assert m.forward_features(img, all_tokens=False).shape == (5, 1, D)
 
 
-def test_vit_gradients_and_training_mode():
+@pytest.mark.parametrize("layer_scale", [False, True], ids=["plain", "layer_scale"])
+def test_vit_gradients_and_training_mode(layer_scale):
     """fp64 gradients of the cuflash model equal the reference's (autograd through both), and
     with drop rates 0 the training-mode forward equals the eval one."""
-    sd = timm_state()
-    m = make(True, drop_path_rate=0.0)
+    sd = timm_state(layer_scale=layer_scale)
+    m = make(True, drop_path_rate=0.0, init_values=1e-5 if layer_scale else None)
     m.load_state_dict(sd)
     img = rnd(3, C, *IMG, scale=1.0)
     target = rnd(3, NC)
@@ -165,6 +179,8 @@ def test_vit_gradients_and_training_mode():
              "blocks.2.attn.qkv.weight": torch.cat([m.blocks[2].mixer.Wq.weight.grad,
                                                     m.blocks[2].mixer.Wkv.weight.grad]),
              "pos_embed": m.pos_embed.grad, "cls_token": m.cls_token.grad, "head.weight": m.head.weight.grad}
+    if layer_scale:
+        pairs.update({"blocks.0.ls1.gamma": m.blocks[0].ls1.gamma.grad, "blocks.2.ls2.gamma": m.blocks[2].ls2.gamma.grad})
     for key, got in pairs.items():
         assert torch.allclose(got, ref_sd[key].grad, atol=1e-9, rtol=1e-8), key
 
@@ -218,13 +234,92 @@ def test_patch_embed_equals_conv():
         PatchEmbed(img_size=20, patch_size=8)
 
 
+def _bound_ok(w, bound):
+    """w uniform in ±bound: inside it and reaching near both ends."""
+    return w.abs().max() <= bound and w.max() > 0.9 * bound and w.min() < -0.9 * bound
+
+
+WD, WH = 64, 4         # the init tests' width (enough weights for the statistics)
+
+
+def make_wide(weight_init, global_pool="token", dtype=torch.float32, init_values=None, num_classes=NC):
+    return VisionTransformer(img_size=(32, 32), patch_size=P, in_chans=C, num_classes=num_classes, embed_dim=WD,
+                             depth=2, num_heads=WH, mlp_ratio=4.0, weight_init=weight_init, global_pool=global_pool,
+                             init_values=init_values, dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", ["jax", "jax_nlhb"])
+def test_vit_weight_init_jax(mode):
+    """timm's init_weights_vit_jax: head zero (bias -log(classes) with nlhb), patch projection
+    lecun normal (truncated at ±2 std), qkv xavier uniform as one (3D, D) matrix also when split
+    into Wq / Wkv, other weights xavier uniform, MLP biases N(0, 1e-6²), other biases zero."""
+    torch.manual_seed(0)
+    m = make_wide(mode)
+    assert torch.count_nonzero(m.head.weight) == 0
+    assert torch.allclose(m.head.bias, torch.full((NC,), -math.log(NC) if mode == "jax_nlhb" else 0.0))
+    fan_in = C * P * P
+    w = m.patch_embed.proj.weight
+    std = math.sqrt(1.0 / fan_in) / 0.87962566103423978
+    assert w.abs().max() <= 2 * std + 1e-7 and abs(w.std().item() - math.sqrt(1.0 / fan_in)) < 0.1 / math.sqrt(fan_in)
+    assert torch.count_nonzero(m.patch_embed.proj.bias) == 0
+    qkv_bound = math.sqrt(6.0 / (WD + 3 * WD))
+    assert _bound_ok(m.blocks[0].mixer.Wqkv.weight, qkv_bound)
+    assert _bound_ok(m.blocks[1].mixer.Wq.weight, qkv_bound) and _bound_ok(m.blocks[1].mixer.Wkv.weight, qkv_bound)
+    assert _bound_ok(m.blocks[0].mixer.out_proj.weight, math.sqrt(6.0 / (2 * WD)))
+    assert _bound_ok(m.blocks[0].mlp.fc1.weight, math.sqrt(6.0 / (5 * WD)))
+    for b in (m.blocks[0].mixer.Wqkv.bias, m.blocks[0].mixer.out_proj.bias, m.blocks[1].mixer.Wkv.bias):
+        assert torch.count_nonzero(b) == 0
+    mlp_bias = torch.cat([m.blocks[0].mlp.fc1.bias, m.blocks[1].mlp.fc2.bias])
+    assert 0 < mlp_bias.abs().max() < 1e-5 and 0.5e-6 < mlp_bias.std() < 2e-6
+    assert abs(m.pos_embed.std().item() - 0.02) < 0.004      # trunc_normal_'s bounds are ±2 (absolute): unused
+
+
+def test_vit_weight_init_moco_and_layer_scale():
+    """timm's init_weights_vit_moco: qkv uniform ±sqrt(6 / (D + D)) (Q, K, V each as its own
+    matrix, also where split into Wq / Wkv), other linear weights xavier uniform, biases zero, the
+    patch projection torch's default (timm's Conv2d untouched: ±1 / sqrt(fan_in)); LayerScale's
+    gammas stay init_values; the default init still truncated normal std 0.02."""
+    torch.manual_seed(0)
+    m = make_wide("moco", init_values=0.25)
+    qkv_bound = math.sqrt(6.0 / (2 * WD))
+    assert _bound_ok(m.blocks[0].mixer.Wqkv.weight, qkv_bound)
+    assert _bound_ok(m.blocks[1].mixer.Wq.weight, qkv_bound) and _bound_ok(m.blocks[1].mixer.Wkv.weight, qkv_bound)
+    assert _bound_ok(m.blocks[0].mlp.fc2.weight, math.sqrt(6.0 / (5 * WD)))
+    assert _bound_ok(m.head.weight, math.sqrt(6.0 / (WD + NC)))
+    for b in (m.blocks[0].mixer.Wqkv.bias, m.blocks[0].mlp.fc1.bias, m.head.bias):
+        assert torch.count_nonzero(b) == 0
+    fan_in = C * P * P
+    assert _bound_ok(m.patch_embed.proj.weight, 1 / math.sqrt(fan_in))
+    assert m.patch_embed.proj.bias.abs().max() <= 1 / math.sqrt(fan_in)
+    for blk in m.blocks:
+        assert torch.equal(blk.ls1.gamma, torch.full((WD,), 0.25)) and torch.equal(blk.ls2.gamma, blk.ls1.gamma)
+    assert "blocks.0.ls1.gamma" in m.state_dict()
+    d = make_wide("", init_values=0.0)            # timm: init_values 0 → no LayerScale
+    assert not hasattr(d.blocks[0], "ls1")
+    assert abs(d.blocks[0].mixer.Wqkv.weight.std().item() - 0.02) < 0.004 and torch.count_nonzero(d.head.bias) == 0
+
+
+@pytest.mark.parametrize("mode", ["", "jax", "moco"])
+def test_vit_weight_init_bf16(mode):
+    """bf16 parameters: every mode draws in fp32 and rounds (no ±inf / clamped outliers)."""
+    torch.manual_seed(0)
+    m = make_wide(mode, dtype=torch.bfloat16, init_values=1e-5)
+    for name, p in m.named_parameters():
+        assert torch.isfinite(p.float()).all(), name
+        if p.dim() == 2 and "head" not in name:
+            assert p.float().abs().max() < 0.5, name
+    assert m.blocks[0].ls1.gamma.dtype == torch.bfloat16
+
+
 def test_vit_refused():
-    with pytest.raises(cuflash.UnsupportedFeature, match="LayerScale"):
-        make(init_values=1e-5)
-    with pytest.raises(cuflash.UnsupportedFeature, match="weight_init"):
-        make(weight_init="jax")
+    with pytest.raises(ValueError, match="init_values"):
+        make(init_values="1e-5")
+    with pytest.raises(ValueError, match="weight_init"):
+        make(weight_init="xavier")
+    with pytest.raises(ValueError, match="weight_init"):
+        make().init_weights("jax_moco")
     with pytest.raises(ValueError, match="global_pool"):
-        make(global_pool="max")
+        make(global_pool="map")
     with pytest.raises(ValueError, match="class_token"):
         make(class_token=False)
     with pytest.raises(ValueError, match="num_heads"):

@@ -17,12 +17,18 @@ the word embedding) with
 Differences from flash-attn (on the accepting side): the checkpoint's
 ``transformer.relative_pe.slopes`` are compared with the slopes the model uses (a mismatch raises
 ``cuflash.UnsupportedFeature``; flash-attn drops them unread); ``alibi_scaling`` (BTLM's ALiBi
-position interpolation) raises ``cuflash.UnsupportedFeature``; ``scale_attn_weights`` /
+position interpolation, which flash-attn ignores) is read as Hugging Face's BTLM applies it: the
+bias is ``-(slope / scale) · |i - j|`` with scale ``factor`` ({"type": "linear", "factor": f};
+GPT2Config ``alibi_slope_scale = 1 / f``) or max(1, keys / train_seq_len) for a call with that
+many keys ({"type": "linear", "train_seq_len": n}; ``alibi_train_seqlen = n``: the cache plus the
+new tokens when decoding, each sequence's own count in a padded or packed batch, where Hugging
+Face takes the padded length); ``scale_attn_weights`` /
 ``scale_attn_by_inverse_layer_idx`` / ``tie_word_embeddings`` are read; the mask buffers
 (``attn.bias``, ``attn.masked_bias``) and the tied ``lm_head.weight`` are dropped.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import OrderedDict
 
@@ -88,13 +94,11 @@ def btlm_config_to_gpt2_config(btlm_config) -> GPT2Config:
     mup_embeddings_scale, mup_output_alpha, mup_scale_qk_dot_by_d, alibi_scaling; or the generic
     hidden_size / num_hidden_layers / num_attention_heads)."""
     c, who = btlm_config, "btlm_config"
-    if getattr(c, "alibi_scaling", None):
-        raise UnsupportedFeature(f"btlm_config.alibi_scaling = {c.alibi_scaling!r}: scaled ALiBi positions are not "
-                                 "part of cuflash's kernels")
     kind = attr(c, "position_embedding_type", who, "alibi")
     if kind not in ("alibi", "learned"):
         raise ValueError(f"btlm_config.position_embedding_type must be 'alibi' or 'learned', got {kind!r}")
     alibi = kind == "alibi"
+    scaling = _alibi_scaling(getattr(c, "alibi_scaling", None)) if alibi else {}
     act = attr(c, "activation_function", who, "swiglu")
     return GPT2Config(
         vocab_size=attr(c, "vocab_size", who),
@@ -112,4 +116,25 @@ def btlm_config_to_gpt2_config(btlm_config) -> GPT2Config:
         mup_width_scale=float(attr(c, "mup_width_scale", who, 1.0)),
         mup_embeddings_multiplier=float(attr(c, "mup_embeddings_scale", who, 1.0)),
         mup_output_multiplier=float(attr(c, "mup_output_alpha", who, 1.0)),
-        mup_scale_qk_dot_by_d=bool(attr(c, "mup_scale_qk_dot_by_d", who, False)), mlp_multiple_of=1)
+        mup_scale_qk_dot_by_d=bool(attr(c, "mup_scale_qk_dot_by_d", who, False)), mlp_multiple_of=1, **scaling)
+
+
+def _alibi_scaling(scaling) -> dict:
+    """GPT2Config's ALiBi switches of BTLM's ``alibi_scaling`` (checked as BTLMConfig checks it):
+    None → none; {"type": "linear", "factor": f} (a float > 1) → the slopes divided by f
+    (alibi_slope_scale = 1 / f); {"type": "linear", "train_seq_len": n} (an int > 1) → divided by
+    max(1, keys / n) at each call (alibi_train_seqlen = n)."""
+    if scaling is None:
+        return {}
+    name = "btlm_config.alibi_scaling"
+    if not isinstance(scaling, dict) or len(scaling) != 2 or scaling.get("type") != "linear":
+        raise ValueError(f"{name} must be {{'type': 'linear', 'factor': float > 1}} or {{'type': 'linear', "
+                         f"'train_seq_len': int > 1}}, got {scaling!r}")
+    factor, train = scaling.get("factor"), scaling.get("train_seq_len")
+    if factor is not None:
+        if not isinstance(factor, float) or not factor > 1.0 or not math.isfinite(factor):
+            raise ValueError(f"{name}['factor'] must be a float > 1.0, got {factor!r}")
+        return dict(alibi_slope_scale=1.0 / factor)
+    if not isinstance(train, int) or isinstance(train, bool) or train <= 1:
+        raise ValueError(f"{name}['train_seq_len'] must be an int > 1, got {train!r}")
+    return dict(alibi_train_seqlen=train)

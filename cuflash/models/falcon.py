@@ -4,8 +4,9 @@ falcon_config)`` and ``remap_state_dict_hf_falcon(state_dict, config)``. transfo
 needed: any object with FalconConfig's attribute names (the current ones or the older
 ``n_head`` / ``n_layer`` / ``n_head_kv``) is a config.
 
-The model: no position embedding, full-width rotary (half-split pairs), GELU MLP of 4 × hidden
-(``ffn_hidden_size`` when set), the LM head tied to the word embedding, and one of
+The model: no position embedding, full-width rotary (half-split pairs) or, with ``alibi=True``
+(Falcon-RW), ALiBi instead of rotary, GELU MLP of 4 × hidden (``ffn_hidden_size`` when set), the
+LM head tied to the word embedding, and one of
 * Falcon-7B: multi-query attention (one kv head), parallel attention and MLP on one norm
   (``input_layernorm``: tied norms);
 * the new decoder architecture (Falcon-40B / 180B): ``num_kv_heads`` kv heads (GQA), parallel
@@ -18,7 +19,13 @@ head, then its value head); the remap regroups them as Wqkv's q-then-k-then-v.
 Differences from flash-attn: the norm layout is read from ``new_decoder_architecture`` /
 ``num_ln_in_parallel_attn`` when the config has them (flash-attn infers it from the kv head
 count); ``rope_theta``, ``ffn_hidden_size`` and ``tie_word_embeddings`` are read;
-``alibi=True`` and ``rope_scaling`` raise ``cuflash.UnsupportedFeature``.
+``alibi=True`` (flash-attn ignores it and keeps rotary) gives Hugging Face Falcon's ALiBi: the
+bias ``slope · key position`` is added to the raw scores q·k and the sum is scaled by
+1 / sqrt(head_dim), i.e. ALiBi with the slopes ``get_alibi_slopes(n_head) / sqrt(head_dim)``
+(GPT2Config ``use_alibi``, ``alibi_slope_scale``; needs ``use_flash_attn``, which the converted
+config sets): Hugging Face's eager attention up to a per-row constant, which the softmax
+removes. ``rope_scaling`` raises
+``cuflash.UnsupportedFeature``.
 """
 from __future__ import annotations
 
@@ -82,9 +89,7 @@ def falcon_config_to_gpt2_config(falcon_config) -> GPT2Config:
     layer_norm_epsilon, ffn_hidden_size, activation, hidden_dropout, attention_dropout,
     tie_word_embeddings; or the older n_layer / n_head / n_head_kv)."""
     c, who = falcon_config, "falcon_config"
-    if attr(c, "alibi", who, False):
-        raise UnsupportedFeature("falcon_config.alibi = True: Falcon's ALiBi (falcon-rw) scales its bias by "
-                                 "1 / sqrt(head_dim) with the scores; GPTModel's use_alibi adds ALiBi's own slopes")
+    alibi = bool(attr(c, "alibi", who, False))
     if getattr(c, "rope_scaling", None):
         raise UnsupportedFeature(f"falcon_config.rope_scaling = {c.rope_scaling!r}: scaled rotary embeddings are not "
                                  "part of cuflash's MHA")
@@ -105,6 +110,10 @@ def falcon_config_to_gpt2_config(falcon_config) -> GPT2Config:
     if act != "gelu":
         raise ValueError(f"falcon_config.activation must be 'gelu', got {act!r}")
     bias = bool(attr(c, "bias", who, False))
+    if hidden % n_head:
+        raise ValueError(f"falcon_config.hidden_size = {hidden} must be divisible by the head count {n_head}")
+    # Falcon-RW's ALiBi: (q·k + slope·key position) / sqrt(head_dim), so the slopes scale with the scores
+    alibi_kw = dict(use_alibi=True, use_flash_attn=True, alibi_slope_scale=(hidden // n_head) ** -0.5) if alibi else {}
     return GPT2Config(
         vocab_size=attr(c, "vocab_size", who), n_positions=0, n_embd=hidden,
         n_layer=attr(c, ("num_hidden_layers", "n_layer"), who), n_head=n_head,
@@ -113,7 +122,8 @@ def falcon_config_to_gpt2_config(falcon_config) -> GPT2Config:
         attn_pdrop=attr(c, "attention_dropout", who, 0.0), layer_norm_epsilon=attr(c, "layer_norm_epsilon", who, 1e-5),
         initializer_range=attr(c, "initializer_range", who, 0.02), bos_token_id=attr(c, "bos_token_id", who, None),
         eos_token_id=attr(c, "eos_token_id", who, None), parallel_block=parallel, n_head_kv=n_head_kv,
-        parallel_block_tied_norm=parallel and norms == 1, rotary_emb_fraction=1.0, rotary_emb_interleaved=False,
+        parallel_block_tied_norm=parallel and norms == 1, rotary_emb_fraction=0.0 if alibi else 1.0,
+        rotary_emb_interleaved=False,
         rotary_emb_base=float(attr(c, "rope_theta", who, 10000.0)),
         tie_word_embeddings=bool(attr(c, "tie_word_embeddings", who, True)), qkv_proj_bias=bias, out_proj_bias=bias,
-        mlp_fc1_bias=bias, mlp_fc2_bias=bias, lm_head_bias=False)
+        mlp_fc1_bias=bias, mlp_fc2_bias=bias, lm_head_bias=False, **alibi_kw)

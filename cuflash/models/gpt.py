@@ -43,6 +43,10 @@ unit-normalized in the forward), and muP's (BTLM) ``mup_width_scale`` (init std 
 root; the lm_head input times it), ``mup_embeddings_multiplier`` (the embeddings' output times it),
 ``mup_output_multiplier`` (the lm_head input times it), ``mup_attn_multiplier`` (the softmax scale
 times it), ``mup_scale_qk_dot_by_d`` (softmax scale 1 / head_dim instead of 1 / sqrt(head_dim)).
+cuflash's own ALiBi switches (with ``use_alibi``; MHA's arguments of the same names):
+``alibi_slope_scale`` (the slopes times it: Falcon-RW's 1 / sqrt(head_dim), BTLM's 1 / factor) and
+``alibi_train_seqlen`` (BTLM's dynamic position interpolation: the slopes divided by max(1, keys /
+alibi_train_seqlen)).
 
 The fused switches keep the parameters and keys: ``fused_bias_fc`` → MHA's projections are
 ``cuflash.ops.fused_dense.FusedDense`` (the tensor-parallel model's stay Column/RowParallelLinear);
@@ -173,6 +177,9 @@ class GPT2Config:
     mup_output_multiplier: float = 1.0
     mup_attn_multiplier: float = 1.0
     mup_scale_qk_dot_by_d: bool = False
+    # cuflash's (Falcon-RW's and BTLM's ALiBi variants; see MHA)
+    alibi_slope_scale: float = 1.0
+    alibi_train_seqlen: Optional[int] = None
 
     model_type: ClassVar[str] = "gpt2"
     attribute_map: ClassVar[dict] = dict(_ALIASES)
@@ -257,8 +264,19 @@ def check_config(config) -> None:
         raise UnsupportedFeature("config.attn_dwconv: the depthwise convolution after the projections is not part "
                                  "of cuflash's MHA")
     use_flash = _get(config, "use_flash_attn", False)
-    if _get(config, "use_alibi", False) and not use_flash:
+    use_alibi = _get(config, "use_alibi", False)
+    if use_alibi and not use_flash:
         raise ValueError("config.use_alibi needs config.use_flash_attn = True (the torch attention has no ALiBi)")
+    slope_scale = _get(config, "alibi_slope_scale", 1.0)
+    if (not isinstance(slope_scale, (int, float)) or isinstance(slope_scale, bool) or not slope_scale > 0
+            or not math.isfinite(slope_scale)):
+        raise ValueError(f"config.alibi_slope_scale must be a finite number > 0, got {slope_scale!r}")
+    train_seqlen = _get(config, "alibi_train_seqlen", None)
+    if train_seqlen is not None and (not isinstance(train_seqlen, int) or isinstance(train_seqlen, bool)
+                                     or train_seqlen < 1):
+        raise ValueError(f"config.alibi_train_seqlen must be None or an int >= 1, got {train_seqlen!r}")
+    if not use_alibi and (slope_scale != 1.0 or train_seqlen is not None):
+        raise ValueError("config.alibi_slope_scale and config.alibi_train_seqlen need config.use_alibi = True")
     window = _get(config, "window_size", (-1, -1))
     if (not isinstance(window, Sequence) or len(window) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
@@ -301,7 +319,9 @@ def create_mixer_cls(config, layer_idx=None, process_group=None, device=None, dt
                   rotary_emb_scale_base=_get(config, "rotary_emb_scale_base", None),
                   rotary_emb_interleaved=_get(config, "rotary_emb_interleaved", False),
                   use_alibi=_get(config, "use_alibi", False), window_size=tuple(_get(config, "window_size", (-1, -1))),
-                  use_flash_attn=_get(config, "use_flash_attn", False), **factory)
+                  use_flash_attn=_get(config, "use_flash_attn", False), **factory,
+                  alibi_slope_scale=_get(config, "alibi_slope_scale", 1.0),
+                  alibi_train_seqlen=_get(config, "alibi_train_seqlen", None))
     if process_group is None:
         return partial(MHA, fused_bias_fc=_get(config, "fused_bias_fc", False), **common)
     return partial(ParallelMHA, process_group=process_group,

@@ -24,13 +24,20 @@ cuflash.models.vit import ...``, with flash-attn's constructor arguments and mod
 * ``create_mixer_cls``, ``create_mlp_cls``, ``create_block``: flash-attn's factories.
 
 Where flash-attn asserts, cuflash accepts (timm's meaning): ``global_pool`` "token", "avg" (mean of
-the patch tokens) or "" (no pooling: the head on every token); ``class_token=False`` (with
-"avg" / ""); ``no_embed_class`` (the position embedding covers the patches only; the class token
-is prepended after); ``pre_norm`` (a LayerNorm ``norm_pre`` before the blocks, the patch
-projection without bias, as CLIP); ``fc_norm`` (the final norm after pooling, ``fc_norm``, instead
-of before: ``norm`` is then an Identity; default: with "avg"). Not provided: ``init_values``
-(LayerScale) and ``weight_init`` other than "" raise ``cuflash.UnsupportedFeature``; a
-``global_pool`` other than the three raises ``ValueError``.
+the patch tokens), "max" (their maximum), "avgmax" (the average of the two) or "" (no pooling: the
+head on every token); ``class_token=False`` (without "token"); ``no_embed_class`` (the position
+embedding covers the patches only; the class token is prepended after); ``pre_norm`` (a LayerNorm
+``norm_pre`` before the blocks, the patch projection without bias, as CLIP); ``fc_norm`` (the final
+norm after pooling, ``fc_norm``, instead of before: ``norm`` is then an Identity; default: with
+"avg" / "max" / "avgmax"); ``init_values`` (timm's LayerScale: every block is a
+``LayerScaleBlock``, its attention and MLP outputs times learned per-channel ``ls1.gamma`` /
+``ls2.gamma``, initialized to init_values, timm's keys; 0 or None: none); ``weight_init`` "jax",
+"jax_nlhb", "moco" (timm's ``init_weights_vit_jax`` / ``_moco``, see ``init_weights``; the attention's
+qkv initialized as timm's one matrix also where the last block splits it into Wq / Wkv). Other
+``global_pool`` values (timm's "map" attention pool) and ``weight_init`` values raise ``ValueError``.
+The default init ("") is flash-attn's: the patch projection, a linear layer here, is truncated
+normal as every linear layer (timm leaves its Conv2d at torch's default); "jax" and "moco" treat it
+as timm treats the Conv2d.
 
 The fused switches: ``fused_dropout_add_ln`` runs cuflash's fused dropout + add + LayerNorm
 (``cuflash.ops.layer_norm.layer_norm_fn``, CUDA kernels for CUDA tensors) in every block and before
@@ -45,6 +52,7 @@ a local directory holding one; timm is not needed and nothing is downloaded
 """
 from __future__ import annotations
 
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -62,9 +70,50 @@ from ..modules.mlp import FusedMLP, Mlp
 from ..ops.layer_norm import layer_norm_fn
 
 __all__ = ["VisionTransformer", "vit_base_patch16_224", "create_mixer_cls", "create_mlp_cls", "create_block",
-           "init_weights_vit_timm", "load_pretrained"]
+           "LayerScale", "LayerScaleBlock", "init_weights_vit_timm", "init_weights_vit_jax", "init_weights_vit_moco",
+           "load_pretrained"]
 
-_POOLS = ("token", "avg", "")
+_POOLS = ("token", "avg", "avgmax", "max", "")
+_WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
+
+
+class LayerScale(nn.Module):
+    """timm's LayerScale: x times a learned per-channel ``gamma`` (dim,), initialized to
+    init_values."""
+
+    def __init__(self, dim, init_values=1e-5, inplace=False, device=None, dtype=None):
+        super().__init__()
+        self.inplace = inplace
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values), device=device, dtype=dtype))
+
+    def forward(self, x):
+        return x.mul_(self.gamma) if self.inplace else x * self.gamma
+
+
+class LayerScaleBlock(Block):
+    """A pre-norm Block with timm's LayerScale on both branches (``ls1`` after the mixer, ``ls2``
+    after the MLP, before their dropout / drop path and add: timm's x + drop_path(ls(branch))).
+    Arguments as Block's, plus init_values (LayerScale's) and device / dtype (the gammas')."""
+
+    def __init__(self, dim, mixer_cls, mlp_cls, init_values, device=None, dtype=None, **kwargs):
+        super().__init__(dim, mixer_cls, mlp_cls, prenorm=True, **kwargs)
+        if isinstance(self.mlp, nn.Identity):
+            raise ValueError("LayerScaleBlock needs an MLP (mlp_cls making nn.Identity)")
+        self.ls1 = LayerScale(dim, init_values, device=device, dtype=dtype)
+        self.ls2 = LayerScale(dim, init_values, device=device, dtype=dtype)
+
+    def forward(self, hidden_states, residual=None, mixer_subset=None, mixer_kwargs=None):
+        """As Block's (prenorm): returns (ls2(mlp output), residual)."""
+        hidden_states, residual = self._prenorm_add(hidden_states, residual, self.dropout1, self.drop_path1,
+                                                    self.norm1)
+        mixer_kwargs = dict(mixer_kwargs) if mixer_kwargs is not None else {}
+        if mixer_subset is not None:
+            mixer_kwargs["mixer_subset"] = mixer_subset
+            residual = residual[:, mixer_subset]
+        hidden_states = self.ls1(self.mixer(hidden_states, **mixer_kwargs))
+        hidden_states, residual = self._prenorm_add(hidden_states, residual, self.dropout2, self.drop_path2,
+                                                    self.norm2)
+        return self.ls2(self.mlp(hidden_states)), residual
 
 
 def create_mixer_cls(num_heads, qkv_bias, attn_drop, use_flash_attn, fused_bias_fc, cross_attn=False,
@@ -85,16 +134,19 @@ def create_mlp_cls(embed_dim, mlp_ratio, act_layer, fused_mlp, device=None, dtyp
 
 def create_block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path1, drop_path2,
                  norm_layer, act_layer, use_flash_attn, fused_bias_fc, fused_mlp, fused_dropout_add_ln,
-                 layer_idx=None, n_layer=None, last_layer_subset=False, device=None, dtype=None):
+                 layer_idx=None, n_layer=None, last_layer_subset=False, device=None, dtype=None, init_values=None):
     """flash-attn's: a pre-norm Block with the residual in fp32; the last layer's mixer a
-    cross-attention with last_layer_subset."""
+    cross-attention with last_layer_subset. init_values (cuflash's, last): a LayerScaleBlock."""
     factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
     mixer_cls = create_mixer_cls(num_heads, qkv_bias, attn_drop_rate, use_flash_attn, fused_bias_fc,
                                  cross_attn=last_layer_subset and layer_idx == n_layer - 1, **factory)
     mlp_cls = create_mlp_cls(embed_dim, mlp_ratio, act_layer, fused_mlp, **factory)
-    return Block(embed_dim, mixer_cls, mlp_cls, norm_cls=partial(norm_layer, **factory), prenorm=True,
-                 resid_dropout1=drop_rate, resid_dropout2=drop_rate, drop_path1=drop_path1, drop_path2=drop_path2,
-                 fused_dropout_add_ln=fused_dropout_add_ln, residual_in_fp32=True)
+    common = dict(norm_cls=partial(norm_layer, **factory), resid_dropout1=drop_rate, resid_dropout2=drop_rate,
+                  drop_path1=drop_path1, drop_path2=drop_path2, fused_dropout_add_ln=fused_dropout_add_ln,
+                  residual_in_fp32=True)
+    if init_values is not None:
+        return LayerScaleBlock(embed_dim, mixer_cls, mlp_cls, init_values, **factory, **common)
+    return Block(embed_dim, mixer_cls, mlp_cls, prenorm=True, **common)
 
 
 def _trunc_normal_fp32_(t, std=0.02):
@@ -107,12 +159,87 @@ def _trunc_normal_fp32_(t, std=0.02):
         return t.copy_(trunc_normal_(torch.empty(t.shape, dtype=torch.float32, device=t.device), std=std))
 
 
+def _init_fp32_(t, fn):
+    """fn drawn on an fp32 tensor of t's shape and copied into t (see _trunc_normal_fp32_)."""
+    with torch.no_grad():
+        if t.dtype in (torch.float32, torch.float64):
+            return fn(t)
+        return t.copy_(fn(torch.empty(t.shape, dtype=torch.float32, device=t.device)))
+
+
+def _lecun_normal_(t):
+    """timm's lecun_normal_ (variance scaling, fan_in, truncated normal): N(0, 1) truncated to
+    ±2, times sqrt(1 / fan_in) / 0.8796 (the truncation's standard deviation). fan_in: the
+    input features (the patch Conv2d's in_chans · patch²)."""
+    std = math.sqrt(1.0 / t.shape[1]) / 0.87962566103423978
+    return _init_fp32_(t, lambda x: trunc_normal_(x, mean=0.0, std=1.0, a=-2.0, b=2.0).mul_(std))
+
+
+def _uniform_(t, bound):
+    return _init_fp32_(t, lambda x: nn.init.uniform_(x, -bound, bound))
+
+
+_SPLIT_QKV = ("mixer.Wq", "mixer.Wkv")      # the last block's cross-attention: timm's qkv rows split in two
+
+
 def init_weights_vit_timm(module: nn.Module, name: str = "") -> None:
     """timm's original ViT init: linear weights truncated normal (std 0.02, drawn in fp32), biases
     zero."""
     if isinstance(module, nn.Linear):
         _trunc_normal_fp32_(module.weight, std=0.02)
         if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def init_weights_vit_jax(module: nn.Module, name: str = "", head_bias: float = 0.0, embed_dim=None) -> None:
+    """timm's JAX (big_vision) init: the head zero with bias head_bias; the patch projection
+    (timm's Conv2d) lecun normal, bias zero; every other linear weight xavier uniform (the
+    attention's qkv as one (3 · embed_dim, embed_dim) matrix, also when split into Wq / Wkv),
+    biases normal (std 1e-6) in the MLP and zero elsewhere."""
+    if not isinstance(module, nn.Linear):
+        return
+    with torch.no_grad():
+        if name.startswith("head"):
+            nn.init.zeros_(module.weight)
+            if module.bias is not None:
+                nn.init.constant_(module.bias, head_bias)
+            return
+        if name == "patch_embed.proj":
+            _lecun_normal_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+            return
+        fan_in, fan_out = module.weight.shape[1], module.weight.shape[0]
+        if embed_dim is not None and name.endswith(_SPLIT_QKV):
+            fan_out = 3 * embed_dim
+        _uniform_(module.weight, math.sqrt(6.0 / (fan_in + fan_out)))
+        if module.bias is not None:
+            if "mlp" in name:
+                _init_fp32_(module.bias, lambda x: nn.init.normal_(x, std=1e-6))
+            else:
+                nn.init.zeros_(module.bias)
+
+
+def init_weights_vit_moco(module: nn.Module, name: str = "", embed_dim=None) -> None:
+    """timm's MoCo v3 init: the qkv weights uniform ±sqrt(6 / (embed_dim + fan_in)) (Q, K, V
+    each as its own matrix), every other linear weight xavier uniform, biases zero; the patch
+    projection keeps torch's default (timm's Conv2d is left alone: kaiming uniform (a = √5), bias
+    uniform ±1 / sqrt(fan_in), which nn.Linear's reset_parameters draws on the same fan-in)."""
+    if not isinstance(module, nn.Linear):
+        return
+    if name == "patch_embed.proj":
+        module.reset_parameters()
+        return
+    fan_in, fan_out = module.weight.shape[1], module.weight.shape[0]
+    if embed_dim is not None and name.endswith(_SPLIT_QKV):
+        bound = math.sqrt(6.0 / float(embed_dim + fan_in))
+    elif "qkv" in name:
+        bound = math.sqrt(6.0 / float(fan_out // 3 + fan_in))
+    else:
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+    _uniform_(module.weight, bound)
+    if module.bias is not None:
+        with torch.no_grad():
             nn.init.zeros_(module.bias)
 
 
@@ -132,11 +259,13 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"global_pool must be one of {list(_POOLS)}, got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
-        if init_values is not None:
-            raise UnsupportedFeature(f"init_values={init_values!r}: LayerScale is not part of cuflash's ViT (nor of "
-                                     "flash-attn's)")
-        if weight_init != "":
-            raise UnsupportedFeature(f"weight_init={weight_init!r}: only timm's default init ('') is provided")
+        if init_values is not None and (not isinstance(init_values, (int, float)) or isinstance(init_values, bool)
+                                        or not math.isfinite(init_values)):
+            raise ValueError(f"init_values must be None or a finite number (LayerScale's initial gamma), got "
+                             f"{init_values!r}")
+        init_values = init_values or None       # timm: 0 / None → no LayerScale
+        if weight_init not in _WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {list(_WEIGHT_INITS)}, got {weight_init!r}")
         for name, value in (("depth", depth), ("num_heads", num_heads), ("embed_dim", embed_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -144,7 +273,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"embed_dim = {embed_dim} must be divisible by num_heads = {num_heads}")
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
-        use_fc_norm = global_pool == "avg" if fc_norm is None else bool(fc_norm)
+        use_fc_norm = global_pool in ("avg", "avgmax", "max") if fc_norm is None else bool(fc_norm)
         norm_layer = norm_layer or partial(nn.LayerNorm, eps=1e-6)
         act_layer = act_layer or nn.GELU
 
@@ -170,7 +299,7 @@ class VisionTransformer(nn.Module):
                          drop_path1=dpr[i - 1] if i > 0 else 0.0, drop_path2=dpr[i], norm_layer=norm_layer,
                          act_layer=act_layer, use_flash_attn=use_flash_attn, fused_bias_fc=fused_bias_fc,
                          fused_mlp=fused_mlp, fused_dropout_add_ln=fused_dropout_add_ln, layer_idx=i, n_layer=depth,
-                         last_layer_subset=global_pool == "token", **factory)
+                         last_layer_subset=global_pool == "token", **factory, init_values=init_values)
             for i in range(depth)])
         self.dropout = nn.Dropout(p=drop_rate)
         self.drop_path = StochasticDepth(p=dpr[-1], mode="row")
@@ -181,13 +310,23 @@ class VisionTransformer(nn.Module):
 
     def init_weights(self, mode=""):
         """timm's: pos_embed truncated normal (std 0.02), cls_token normal (std 1e-6), the linear
-        layers by init_weights_vit_timm."""
-        if mode != "":
-            raise UnsupportedFeature(f"weight_init={mode!r}: only timm's default init ('') is provided")
+        layers by mode: "" init_weights_vit_timm, "jax" / "jax_nlhb" init_weights_vit_jax (head
+        bias 0 / -log(num_classes)), "moco" init_weights_vit_moco. LayerScale's gammas and the
+        norms are left as they are (timm's)."""
+        if mode not in _WEIGHT_INITS:
+            raise ValueError(f"weight_init must be one of {list(_WEIGHT_INITS)}, got {mode!r}")
         _trunc_normal_fp32_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
-        self.apply(init_weights_vit_timm)
+        if mode == "":
+            fn = init_weights_vit_timm
+        elif mode.startswith("jax"):
+            head_bias = -math.log(self.num_classes) if mode == "jax_nlhb" and self.num_classes > 0 else 0.0
+            fn = partial(init_weights_vit_jax, head_bias=head_bias, embed_dim=self.embed_dim)
+        else:
+            fn = partial(init_weights_vit_moco, embed_dim=self.embed_dim)
+        for name, module in self.named_modules():
+            fn(module, name)
 
     def _init_weights(self, m):
         init_weights_vit_timm(m)
@@ -232,12 +371,18 @@ class VisionTransformer(nn.Module):
                              residual_in_fp32=True)
 
     def forward_head(self, x, pre_logits: bool = False):
-        """Pooling (class token, mean of the patch tokens, or none), fc_norm, then the head
-        (skipped with pre_logits)."""
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
-        elif self.global_pool == "token":
+        """Pooling (class token; mean, max or their average of the patch tokens; or none),
+        fc_norm, then the head (skipped with pre_logits)."""
+        if self.global_pool == "token":
             x = x[:, 0]
+        elif self.global_pool:           # timm's reductions over the patch tokens
+            patches = x[:, self.num_prefix_tokens:]
+            if self.global_pool == "avg":
+                x = patches.mean(dim=1)
+            elif self.global_pool == "max":
+                x = patches.amax(dim=1)
+            else:                        # "avgmax"
+                x = 0.5 * (patches.amax(dim=1) + patches.mean(dim=1))
         x = self.fc_norm(x)
         return x if pre_logits else self.head(x)
 

@@ -84,14 +84,31 @@ class _FlashAttention(nn.Module):
         self.register_buffer("alibi_slopes", alibi_slopes, persistent=False)
         self.window_size = window_size
         self.deterministic = deterministic
+        # BTLM's ALiBi position interpolation (MHA's alibi_train_seqlen); None: the slopes as they are
+        self.alibi_train_seqlen = None
 
-    def _call_args(self, causal) -> tuple:
-        """(dropout_p, keyword arguments) of this call: dropout only while training, ALiBi slopes in fp32."""
+    def slopes_for(self, keys=None, cu_seqlens_k=None):
+        """The ALiBi slopes of a call: ``alibi_slopes`` in fp32; with alibi_train_seqlen set,
+        divided by max(1, keys / alibi_train_seqlen), keys the call's key count (an int), each
+        sequence's (a tensor: (batch, nheads) slopes) or each packed sequence's (cu_seqlens_k)."""
         if self.alibi_slopes is not None and self.alibi_slopes.dtype != torch.float32:
             self.alibi_slopes = self.alibi_slopes.to(torch.float32)
+        slopes, train = self.alibi_slopes, self.alibi_train_seqlen
+        if slopes is None or train is None:
+            return slopes
+        if cu_seqlens_k is not None:
+            keys = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        if isinstance(keys, Tensor):
+            return slopes / torch.clamp(keys.to(torch.float32) / train, min=1.0)[:, None]
+        return slopes / max(1.0, keys / train)
+
+    def _call_args(self, causal, keys=None, cu_seqlens_k=None) -> tuple:
+        """(dropout_p, keyword arguments) of this call (keys, cu_seqlens_k: as slopes_for):
+        dropout only while training, ALiBi slopes in fp32."""
         return self.drop.p if self.training else 0.0, dict(
             softmax_scale=self.softmax_scale, causal=self.causal if causal is None else causal,
-            alibi_slopes=self.alibi_slopes, window_size=self.window_size, deterministic=self.deterministic)
+            alibi_slopes=self.slopes_for(keys, cu_seqlens_k), window_size=self.window_size,
+            deterministic=self.deterministic)
 
 
 class FlashSelfAttention(_FlashAttention):
@@ -111,7 +128,7 @@ class FlashSelfAttention(_FlashAttention):
         """qkv: (batch, seqlen, 3, nheads, headdim), or (total, 3, nheads, headdim) with cu_seqlens
         (int32, (batch + 1,)) and max_seqlen (int). causal: overrides self.causal. Returns
         (batch, seqlen, nheads, headdim), or (total, nheads, headdim)."""
-        p, common = self._call_args(causal)
+        p, common = self._call_args(causal, qkv.shape[1], cu_seqlens)
         if cu_seqlens is not None:
             _check_varlen_args(cu_seqlens, max_seqlen, "FlashSelfAttention")
             return flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, p, **common)
@@ -132,16 +149,17 @@ class FlashCrossAttention(_FlashAttention):
         """q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_kv, headdim).
         Packed variable-length batches: q (total_q, nheads, headdim), kv (total_k, 2, nheads_kv,
         headdim) with cu_seqlens / max_seqlen (q's) and cu_seqlens_k / max_seqlen_k (kv's)."""
-        p, common = self._call_args(causal)
         if cu_seqlens is not None:
             _check_varlen_args(cu_seqlens, max_seqlen, "FlashCrossAttention")
             if cu_seqlens_k is None or max_seqlen_k is None:
                 raise ValueError("FlashCrossAttention: cu_seqlens_k and max_seqlen_k must be given with cu_seqlens")
             _check_varlen_args(cu_seqlens_k, max_seqlen_k, "FlashCrossAttention (kv)")
+            p, common = self._call_args(causal, cu_seqlens_k=cu_seqlens_k)
             return flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens, cu_seqlens_k, max_seqlen, max_seqlen_k,
                                                    p, **common)
         if kv.shape[0] != q.shape[0] or kv.shape[-1] != q.shape[-1]:
             raise ValueError(f"kv {tuple(kv.shape)} must have q's batch and head dim, q {tuple(q.shape)}")
+        p, common = self._call_args(causal, kv.shape[1])
         return flash_attn_kvpacked_func(q, kv, p, **common)
 
 
@@ -284,6 +302,26 @@ class _AttentionLayer(nn.Module):
         """(query heads, kv heads) that this module computes."""
         return self.num_heads, self.num_heads_kv
 
+    def _set_alibi(self, slopes, alibi_slope_scale, alibi_train_seqlen, device):
+        """This module's heads' ALiBi slopes (a list, or None without use_alibi) times
+        alibi_slope_scale into the inner attention, and alibi_train_seqlen (see MHA)."""
+        if (not isinstance(alibi_slope_scale, (int, float)) or isinstance(alibi_slope_scale, bool)
+                or not alibi_slope_scale > 0 or not math.isfinite(alibi_slope_scale)):
+            raise ValueError(f"alibi_slope_scale must be a finite number > 0, got {alibi_slope_scale!r}")
+        if alibi_train_seqlen is not None and (not isinstance(alibi_train_seqlen, int)
+                                               or isinstance(alibi_train_seqlen, bool) or alibi_train_seqlen < 1):
+            raise ValueError(f"alibi_train_seqlen must be None or an int >= 1, got {alibi_train_seqlen!r}")
+        if slopes is None:
+            if alibi_slope_scale != 1.0 or alibi_train_seqlen is not None:
+                raise ValueError("alibi_slope_scale and alibi_train_seqlen need use_alibi=True")
+            return
+        if not self.use_flash_attn:
+            raise ValueError("use_alibi=True needs use_flash_attn=True (the torch attention has no ALiBi)")
+        slopes = torch.tensor([s * alibi_slope_scale for s in slopes], dtype=torch.float32, device=device)
+        for attn in (self.inner_attn, self.inner_cross_attn):
+            attn.alibi_slopes = slopes
+            attn.alibi_train_seqlen = alibi_train_seqlen
+
     # ---- decoding ----
     def allocate_inference_cache(self, batch_size, max_seqlen, dtype=None):
         """An empty KV cache (batch_size, max_seqlen, 2, kv heads, head_dim) for this layer (its
@@ -317,7 +355,7 @@ class _AttentionLayer(nn.Module):
                                        rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths,
                                        softmax_scale=attn.softmax_scale, causal=attn.causal,
                                        rotary_interleaved=self.rotary_emb.interleaved if rotary else False,
-                                       alibi_slopes=getattr(attn, "alibi_slopes", None))
+                                       alibi_slopes=attn.slopes_for(lengths + q.shape[1]))
 
     def _update_kvcache_attention(self, q, kv, inference_params):
         """kv into the cache, then q's attention over it."""
@@ -451,6 +489,14 @@ class MHA(_AttentionLayer):
     checkpointing: recompute the attention in the backward; device, dtype: the parameters'.
     fused_bias_fc: the projections are cuflash.ops.fused_dense.FusedDense (same parameters and
     keys). dwconv raises cuflash.UnsupportedFeature.
+
+    cuflash's additions (after flash-attn's arguments; with use_alibi only): alibi_slope_scale:
+    the slopes times this number (Falcon-RW adds ALiBi to the raw scores before the softmax
+    scale: alibi_slope_scale = 1 / sqrt(head_dim); BTLM's fixed position interpolation: 1 /
+    factor); alibi_train_seqlen: BTLM's dynamic position interpolation, each call's slopes
+    divided by max(1, keys / alibi_train_seqlen), keys the call's key count (per sequence with
+    cu_seqlens, key_padding_mask or per-row cache lengths; the cache plus the new tokens when
+    decoding).
     """
 
     def __init__(self, embed_dim, num_heads, num_heads_kv=None, cross_attn=False, qkv_proj_bias=True,
@@ -458,7 +504,7 @@ class MHA(_AttentionLayer):
                  dwconv=False, rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
                  rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), fused_bias_fc=False,
                  use_flash_attn=False, return_residual=False, checkpointing=False, device=None,
-                 dtype=None) -> None:
+                 dtype=None, alibi_slope_scale=1.0, alibi_train_seqlen=None) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
         if dwconv:
@@ -466,13 +512,16 @@ class MHA(_AttentionLayer):
                                      "part of cuflash's MHA")
         self.dwconv = dwconv
         self.return_residual = return_residual
-        alibi_slopes = torch.tensor(get_alibi_slopes(num_heads), device=device) if use_alibi else None
+        if use_alibi and not use_flash_attn:
+            raise ValueError("use_alibi=True needs use_flash_attn=True (the torch attention has no ALiBi)")
         self._setup_attention(embed_dim=embed_dim, num_heads=num_heads, num_heads_kv=num_heads_kv, causal=causal,
                               softmax_scale=softmax_scale, dropout=dropout, window_size=window_size,
-                              alibi_slopes=alibi_slopes, use_flash_attn=use_flash_attn, rotary_emb_dim=rotary_emb_dim,
+                              alibi_slopes=None, use_flash_attn=use_flash_attn, rotary_emb_dim=rotary_emb_dim,
                               rotary_emb_base=rotary_emb_base, rotary_emb_scale_base=rotary_emb_scale_base,
                               rotary_emb_interleaved=rotary_emb_interleaved, layer_idx=layer_idx,
                               checkpointing=checkpointing, cross_attn=cross_attn, device=device)
+        self._set_alibi(get_alibi_slopes(num_heads) if use_alibi else None, alibi_slope_scale, alibi_train_seqlen,
+                        device)
         qkv_dim = self.head_dim * (self.num_heads + 2 * self.num_heads_kv)
         kv_dim = 2 * self.head_dim * self.num_heads_kv
         # fused_bias_fc: cuflash.ops.fused_dense.FusedDense (an nn.Linear: the same parameters and keys; with
@@ -558,7 +607,8 @@ class ParallelMHA(_AttentionLayer):
                  out_proj_bias=True, dropout=0.0, softmax_scale=None, causal=False, layer_idx=None,
                  rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
                  rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), use_flash_attn=False,
-                 checkpointing=False, sequence_parallel=True, device=None, dtype=None) -> None:
+                 checkpointing=False, sequence_parallel=True, device=None, dtype=None, alibi_slope_scale=1.0,
+                 alibi_train_seqlen=None) -> None:
         from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear
         from ..utils.distributed import local_range
 
@@ -584,12 +634,8 @@ class ParallelMHA(_AttentionLayer):
         kv_start, kv_stop = local_range(self.num_heads_kv, self.world_size, self.local_rank)
         self.num_heads_kv_per_rank = kv_stop - kv_start
         self.num_heads_per_rank = group * self.num_heads_kv_per_rank
-        if use_alibi:
-            if not use_flash_attn:
-                raise ValueError("use_alibi=True needs use_flash_attn=True (the torch attention has no ALiBi)")
-            slopes = torch.tensor(get_alibi_slopes(num_heads)[group * kv_start:group * kv_stop], device=device)
-            self.inner_attn.alibi_slopes = slopes
-            self.inner_cross_attn.alibi_slopes = slopes
+        self._set_alibi(get_alibi_slopes(num_heads)[group * kv_start:group * kv_stop] if use_alibi else None,
+                        alibi_slope_scale, alibi_train_seqlen, device)
         factory = {"device": device, "dtype": dtype}
         d = self.head_dim
         self.Wqkv = ColumnParallelLinear(embed_dim, d * (self.num_heads + 2 * self.num_heads_kv), process_group,
