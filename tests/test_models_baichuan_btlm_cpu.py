@@ -5,7 +5,9 @@ Hugging Face-style state dict goes through the family's remap and its config thr
 reference with use_flash_attn=True, and the torch attention where the family has no ALiBi) must
 equal a plain-torch forward of that family written here from the Hugging Face weights and
 Hugging Face's own formulas (Baichuan-13B's ALiBi bias ``slope · key position``, BTLM's
-``-slope · |query - key|``, BTLM's Conv1D weights, c_fc · silu(c_fc2), muP's multipliers). Plus
+``-slope · |query - key|``, BTLM's Conv1D weights, c_fc · silu(c_fc2), muP's multipliers, BTLM's
+``alibi_scaling``: the slopes divided by a fixed factor or by keys / train_seq_len, also while
+decoding with the KV cache, and MHA's per-sequence form of it on packed / padded batches). Plus
 the GPT2Config switches these add (use_alibi, mlp_multiple_of, norm_head, mup_*), refused
 configs and unexpected keys. The configs are SimpleNamespaces (transformers is not installed)."""
 import math
@@ -187,16 +189,33 @@ def conv1d(x, sd, prefix):
     return x @ sd[prefix + "weight"] + sd[prefix + "bias"]
 
 
-def btlm_ref(sd, c, ids):
+def btlm_alibi_scale(c, keys):
+    """Hugging Face BTLM's alibi_scaling, written out: the slopes divided by 'factor', or by
+    keys / 'train_seq_len' when there are more keys than that (keys: cache + new tokens)."""
+    scaling = getattr(c, "alibi_scaling", None)
+    if scaling is None:
+        return 1.0
+    if scaling.get("factor") is not None:
+        return scaling["factor"]
+    return keys / scaling["train_seq_len"] if keys > scaling["train_seq_len"] else 1.0
+
+
+def btlm_ref(sd, c, ids, prompt=None):
+    """prompt: decoding with the KV cache after a prompt of that many tokens (default: all of
+    ids at once): Hugging Face computes token i >= prompt alone, its scale from i + 1 keys, and
+    the prompt's tokens together, from prompt keys; per-row scales reproduce that."""
     h_, d = c.n_head, c.n_embd
     hd = d // h_
     s = ids.shape[1]
+    prompt = s if prompt is None else prompt
     x = sd["transformer.wte.weight"][ids]
     if c.position_embedding_type == "learned":
         x = x + sd["transformer.wpe.weight"][:s]
     x = x * c.mup_embeddings_scale
     pos = torch.arange(s, dtype=F64)
-    bias = -torch.tensor(get_alibi_slopes(h_), dtype=F64)[:, None, None] * (pos[None, :] - pos[:, None]).abs()
+    row_scale = torch.tensor([btlm_alibi_scale(c, max(prompt, i + 1)) for i in range(s)], dtype=F64)
+    slopes = torch.tensor(get_alibi_slopes(h_), dtype=F64)[:, None, None] / row_scale[None, :, None]
+    bias = -slopes * (pos[None, :] - pos[:, None]).abs()
     for l in range(L):
         p = f"transformer.h.{l}."
         t = ln(x, sd, p + "ln_1.", c.layer_norm_epsilon)
@@ -237,6 +256,76 @@ def test_btlm(kind):
         assert torch.allclose(got[..., :V], want, **TOL), (flash, (got[..., :V] - want).abs().max())
 
 
+SCALINGS = {"factor_2": {"type": "linear", "factor": 2.0}, "train_8": {"type": "linear", "train_seq_len": 8},
+            "train_32": {"type": "linear", "train_seq_len": 32}}
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+def test_btlm_alibi_scaling(name):
+    """BTLM's alibi_scaling (ALiBi position interpolation): the bias -(slope / scale) · |i - j|
+    with scale 'factor' (alibi_slope_scale = 1 / factor) or max(1, keys / train_seq_len)
+    (alibi_train_seqlen; 17 tokens > 8 interpolate, < 32 do not); the prompt's logits, then
+    decoding with the KV cache one token at a time, where the scale grows with the cache (Hugging
+    Face's scale from cache + new tokens; the cached keys and values keep the scales of their
+    own steps)."""
+    c = btlm_cfg(heads=6, alibi_scaling=SCALINGS[name])
+    cfg = btlm.btlm_config_to_gpt2_config(c)
+    factor = SCALINGS[name].get("factor")
+    assert cfg.alibi_slope_scale == (1.0 / factor if factor else 1.0)
+    assert cfg.alibi_train_seqlen == SCALINGS[name].get("train_seq_len")
+    sd = btlm_state(c)
+    remapped = btlm.remap_state_dict_hf_btlm(sd, cfg)
+    ids = torch.randint(0, V, (2, 17))
+    cfg.use_flash_attn = True
+    m = GPTLMHeadModel(cfg, dtype=F64).eval()
+    m.load_state_dict(remapped)
+    # the kernels take fp32 slopes (slope / factor or / scale rounded to fp32)
+    tol = dict(atol=1e-6, rtol=1e-6)
+    want = btlm_ref(sd, c, ids)
+    assert torch.allclose(m(ids).logits[..., :V], want, **tol), (m(ids).logits[..., :V] - want).abs().max()
+    if name == "train_32":                           # no interpolation below train_seq_len
+        plain = btlm_cfg(heads=6)
+        assert torch.allclose(want, btlm_ref(sd, plain, ids), atol=1e-12)
+    else:
+        assert not torch.allclose(want, btlm_ref(sd, btlm_cfg(heads=6), ids), atol=1e-3)
+    from cuflash.utils.generation import InferenceParams
+    params = InferenceParams(max_seqlen=17, max_batch_size=2)
+    got = m(ids[:, :5], inference_params=params).logits
+    assert torch.allclose(got[..., :V], btlm_ref(sd, c, ids[:, :5]), **tol)
+    for t in range(5, 17):
+        params.seqlen_offset = t
+        step = m(ids[:, t:t + 1], position_ids=torch.full((2, 1), t), inference_params=params).logits
+        ref = btlm_ref(sd, c, ids[:, :t + 1], prompt=5)[:, -1:]
+        assert torch.allclose(step[..., :V], ref, **tol), (t, (step[..., :V] - ref).abs().max())
+
+
+def test_mha_alibi_train_seqlen_per_sequence():
+    """MHA's alibi_train_seqlen on packed (cu_seqlens) and padded (key_padding_mask) batches:
+    each sequence's slopes scale by its own key count, so each row equals that sequence alone."""
+    from cuflash.modules.mha import MHA
+    torch.manual_seed(0)
+    mha = MHA(32, 4, causal=True, use_alibi=True, use_flash_attn=True, dtype=F64, alibi_train_seqlen=6,
+              alibi_slope_scale=0.5, layer_idx=0).eval()
+    lens = [11, 4, 8]
+    xs = [rnd(1, n, 32, scale=1.0) for n in lens]
+    alone = [mha(x)[0] for x in xs]
+    cu = torch.tensor([0, 11, 15, 23], dtype=torch.int32)
+    packed = mha(torch.cat([x[0] for x in xs]), cu_seqlens=cu, max_seqlen=11)
+    assert torch.allclose(packed, torch.cat(alone), atol=1e-12)
+    padded_x = torch.zeros(3, 11, 32, dtype=F64)
+    mask = torch.zeros(3, 11, dtype=torch.bool)
+    for i, x in enumerate(xs):
+        padded_x[i, :lens[i]], mask[i, :lens[i]] = x[0], True
+    out = mha(padded_x, key_padding_mask=mask)
+    for i, n in enumerate(lens):
+        assert torch.allclose(out[i, :n], alone[i], atol=1e-12)
+    # scale 1 below alibi_train_seqlen: the 4-token sequence sees the plain slopes times 0.5
+    ref = MHA(32, 4, causal=True, use_alibi=True, use_flash_attn=True, dtype=F64, alibi_slope_scale=0.5).eval()
+    ref.load_state_dict(mha.state_dict())
+    assert torch.allclose(ref(xs[1])[0], alone[1], atol=1e-12)
+    assert not torch.allclose(ref(xs[0])[0], alone[0], atol=1e-6)
+
+
 def test_mup_init_scale():
     """mup_width_scale: the linear weights' init std times sqrt(scale) and their lr hint."""
     torch.manual_seed(0)
@@ -264,8 +353,24 @@ def test_refused():
         baichuan.baichuan_config_to_gpt2_config(types.SimpleNamespace(**{**vars(baichuan_cfg()), "hidden_act": "gelu"}))
     with pytest.raises(ValueError, match="baichuan_config.hidden_size"):
         baichuan.baichuan_config_to_gpt2_config(types.SimpleNamespace(vocab_size=V))
-    with pytest.raises(cuflash.UnsupportedFeature, match="alibi_scaling"):
-        btlm.btlm_config_to_gpt2_config(btlm_cfg(alibi_scaling={"type": "linear", "train_seq_len": 2048}))
+    for bad in ({"type": "linear"}, {"type": "dynamic", "factor": 2.0}, {"type": "linear", "factor": 1.0},
+                {"type": "linear", "factor": 2}, {"type": "linear", "train_seq_len": 1},
+                {"type": "linear", "train_seq_len": 8.0}, ["linear", 2.0]):
+        with pytest.raises(ValueError, match="btlm_config.alibi_scaling"):
+            btlm.btlm_config_to_gpt2_config(btlm_cfg(alibi_scaling=bad))
+    learned = btlm.btlm_config_to_gpt2_config(btlm_cfg(kind="learned", alibi_scaling={"type": "linear", "factor": 2.0}))
+    assert learned.alibi_slope_scale == 1.0 and learned.alibi_train_seqlen is None     # Hugging Face ignores it too
+    with pytest.raises(ValueError, match="config.alibi_slope_scale"):
+        GPTLMHeadModel(GPT2Config(vocab_size=V, n_embd=D, n_layer=1, n_head=4, alibi_slope_scale=0.5))
+    with pytest.raises(ValueError, match="config.alibi_slope_scale"):
+        GPTLMHeadModel(GPT2Config(vocab_size=V, n_embd=D, n_layer=1, n_head=4, use_alibi=True, use_flash_attn=True,
+                                  alibi_slope_scale=-1.0))
+    with pytest.raises(ValueError, match="config.alibi_train_seqlen"):
+        GPTLMHeadModel(GPT2Config(vocab_size=V, n_embd=D, n_layer=1, n_head=4, use_alibi=True, use_flash_attn=True,
+                                  alibi_train_seqlen=0))
+    from cuflash.modules.mha import MHA
+    with pytest.raises(ValueError, match="alibi_train_seqlen"):
+        MHA(32, 4, alibi_train_seqlen=8, use_flash_attn=True)
     with pytest.raises(ValueError, match="position_embedding_type"):
         btlm.btlm_config_to_gpt2_config(btlm_cfg(kind="rotary"))
     c = btlm_cfg()

@@ -6,7 +6,8 @@ and the torch attention) must equal a plain-torch forward of that family written
 Hugging Face weights: partial half-split rotary and parallel / sequential residuals (NeoX),
 partial interleaved rotary, tied-norm parallel blocks and the lm_head bias (GPT-J), learned
 positions with OPT's offset of 2, pre- and post-norm, project_in / project_out (OPT), multi-query,
-the new decoder architecture (GQA, two norms) and sequential blocks (Falcon), multi-query and
+the new decoder architecture (GQA, two norms), sequential blocks and Falcon-RW's ALiBi ((q·k +
+slope · key position) / sqrt(head_dim), Hugging Face's slopes written out) (Falcon), multi-query and
 multi-head c_attn (BigCode). Plus the BigCode inverse remap, refused configs and unexpected keys.
 The configs are SimpleNamespaces with the Hugging Face attribute names (transformers is not
 installed)."""
@@ -303,6 +304,78 @@ def falcon_ref(sd, kind, n_kv, ids):
     return ln(x, sd, "transformer.ln_f.") @ sd["transformer.word_embeddings.weight"].t()
 
 
+def falcon_rw_state(d):
+    """Falcon-RW (alibi=True): sequential blocks, biases, per-head [q, k, v] rows (multi_query off)."""
+    sd = {"transformer.word_embeddings.weight": rnd(V, d)}
+    norm_params(sd, "transformer.ln_f.", d)
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        norm_params(sd, p + "input_layernorm.", d)
+        norm_params(sd, p + "post_attention_layernorm.", d)
+        sd.update({p + "self_attention.query_key_value.weight": rnd(3 * d, d),
+                   p + "self_attention.query_key_value.bias": rnd(3 * d),
+                   p + "self_attention.dense.weight": rnd(d, d), p + "self_attention.dense.bias": rnd(d),
+                   p + "mlp.dense_h_to_4h.weight": rnd(4 * d, d), p + "mlp.dense_h_to_4h.bias": rnd(4 * d),
+                   p + "mlp.dense_4h_to_h.weight": rnd(d, 4 * d), p + "mlp.dense_4h_to_h.bias": rnd(d)})
+    return sd
+
+
+def bloom_slopes(heads):
+    """Hugging Face's build_alibi_tensor slopes (Bloom / Falcon), written out: the closest power of
+    two below, then odd powers of the next base for the rest."""
+    closest = 2 ** math.floor(math.log2(heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** p for p in range(1, closest + 1)]
+    if closest != heads:
+        extra = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** p for p in range(1, 1 + 2 * (heads - closest), 2)]
+    return torch.tensor(slopes, dtype=F64)
+
+
+def falcon_rw_ref(sd, heads, d, ids):
+    """Hugging Face Falcon's eager ALiBi attention: (q·k + slope · key position) / sqrt(head_dim),
+    causal; no rotary."""
+    hd = d // heads
+    x = sd["transformer.word_embeddings.weight"][ids]
+    s = ids.shape[1]
+    alibi = bloom_slopes(heads)[:, None, None] * torch.arange(s, dtype=F64)[None, None, :]
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        qkv = lin(ln(x, sd, p + "input_layernorm."), sd, p + "self_attention.query_key_value.")
+        q, k, v = (t.transpose(1, 2) for t in qkv.unflatten(-1, (heads, 3, hd)).unbind(3))
+        scores = (q @ k.transpose(-1, -2) + alibi) / math.sqrt(hd)
+        scores = scores.masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+        x = x + lin((scores.softmax(-1) @ v).transpose(1, 2).flatten(-2), sd, p + "self_attention.dense.")
+        t = ln(x, sd, p + "post_attention_layernorm.")
+        x = x + lin(F.gelu(lin(t, sd, p + "mlp.dense_h_to_4h.")), sd, p + "mlp.dense_4h_to_h.")
+    return ln(x, sd, "transformer.ln_f.") @ sd["transformer.word_embeddings.weight"].t()
+
+
+@pytest.mark.parametrize("heads, d", [(4, D), (8, D), (6, 48)], ids=["4-heads", "8-heads", "6-heads"])
+def test_falcon_rw_alibi(heads, d):
+    """Falcon-RW's ALiBi (alibi=True): the converted config has no rotary, use_alibi with the
+    slopes times 1 / sqrt(head_dim), use_flash_attn; the logits equal Hugging Face's eager
+    formula (its slopes written out too, a non-power-of-two head count included)."""
+    c = types.SimpleNamespace(vocab_size=V, hidden_size=d, num_hidden_layers=L, num_attention_heads=heads,
+                              multi_query=False, new_decoder_architecture=False, parallel_attn=False, bias=True,
+                              alibi=True, layer_norm_epsilon=1e-5, hidden_dropout=0.0, attention_dropout=0.0)
+    cfg = falcon.falcon_config_to_gpt2_config(c)
+    assert cfg.use_alibi and cfg.use_flash_attn and cfg.rotary_emb_fraction == 0.0 and not cfg.parallel_block
+    assert cfg.alibi_slope_scale == (d // heads) ** -0.5 and cfg.n_head_kv == heads
+    from cuflash.modules.mha import get_alibi_slopes
+    assert torch.allclose(torch.tensor(get_alibi_slopes(heads), dtype=F64), bloom_slopes(heads), rtol=1e-15)
+    sd = falcon_rw_state(d)
+    ids = ids_(seqlen=13)
+    got = run_model(cfg, falcon.remap_state_dict_hf_falcon(sd, cfg), ids, True)
+    want = falcon_rw_ref(sd, heads, d, ids)
+    # the kernels take fp32 slopes: slope / sqrt(head_dim) rounded to fp32 (relative 6e-8) moves the logits ~1e-8
+    assert torch.allclose(got[..., :V], want, atol=1e-6, rtol=1e-6), (got[..., :V] - want).abs().max()
+    # the plain ALiBi slopes (no 1 / sqrt(head_dim)) would be another model: the check has teeth
+    cfg.alibi_slope_scale = 1.0
+    assert not torch.allclose(run_model(cfg, falcon.remap_state_dict_hf_falcon(sd, cfg), ids, True)[..., :V], want,
+                              atol=1e-3)
+
+
 @pytest.mark.parametrize("kind, n_kv", [("7b", 1), ("new", 2), ("seq", 4)], ids=["mqa-7b", "new-arch-gqa", "sequential"])
 def test_falcon(kind, n_kv):
     c = types.SimpleNamespace(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=H,
@@ -385,8 +458,9 @@ def test_bigcode_and_inverse(mq):
 # refusals
 
 def test_refused_configs_and_keys():
-    with pytest.raises(cuflash.UnsupportedFeature, match="alibi"):
-        falcon.falcon_config_to_gpt2_config(types.SimpleNamespace(vocab_size=V, hidden_size=D, alibi=True))
+    with pytest.raises(cuflash.UnsupportedFeature, match="rope_scaling"):
+        falcon.falcon_config_to_gpt2_config(types.SimpleNamespace(vocab_size=V, hidden_size=D,
+                                                                  rope_scaling={"type": "linear", "factor": 2.0}))
     with pytest.raises(ValueError, match="opt_config.layerdrop"):
         opt.opt_config_to_gpt2_config(types.SimpleNamespace(layerdrop=0.1))
     with pytest.raises(ValueError, match="gpt_neox_config.vocab_size"):

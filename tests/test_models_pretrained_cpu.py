@@ -2,7 +2,7 @@
 (cuflash.models._checkpoint: dtypes, empty and scalar tensors, metadata, malformed files) and
 ``GPTLMHeadModel.from_pretrained`` on a Hugging Face model directory of every family it remaps
 (config.json with model_type + model.safetensors, a sharded model.safetensors.index.json, or
-pytorch_model.bin): the loaded model's logits (float64) equal the plain-torch forward of that
+pytorch_model.bin; Falcon-RW's ALiBi and BTLM's alibi_scaling too): the loaded model's logits (float64) equal the plain-torch forward of that
 family written in tests/test_models_families_cpu.py and tests/test_models_baichuan_btlm_cpu.py.
 Plus the family detection from keys alone, explicit configs, and the refusals (hub names, no
 config, unknown model_type)."""
@@ -101,6 +101,13 @@ def falcon():
     return "falcon", c, fam.falcon_state(c, "7b", 1), lambda sd, ids: fam.falcon_ref(sd, "7b", 1, ids), fam.V
 
 
+def falcon_rw():
+    c = NS(vocab_size=fam.V, hidden_size=48, num_hidden_layers=fam.L, num_attention_heads=6, multi_query=False,
+           new_decoder_architecture=False, parallel_attn=False, bias=True, alibi=True, layer_norm_epsilon=1e-5,
+           hidden_dropout=0.0, attention_dropout=0.0)
+    return "falcon", c, fam.falcon_rw_state(48), lambda sd, ids: fam.falcon_rw_ref(sd, 6, 48, ids), fam.V
+
+
 def bigcode():
     c = NS(vocab_size=fam.V, n_positions=16, n_embd=fam.D, n_layer=fam.L, n_head=fam.H, n_inner=None,
            activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -118,6 +125,11 @@ def btlm_():
     return "btlm", c, bb.btlm_state(c), lambda sd, ids: bb.btlm_ref(sd, c, ids), bb.V
 
 
+def btlm_scaled():
+    c = bb.btlm_cfg(heads=6, alibi_scaling={"type": "linear", "train_seq_len": 4})
+    return "btlm", c, bb.btlm_state(c), lambda sd, ids: bb.btlm_ref(sd, c, ids), bb.V
+
+
 def gpt2():
     c = NS(**g.TINY, layer_norm_epsilon=1e-5, activation_function="gelu_new")
     sd = {"transformer." + k: v for k, v in g.hf_gpt2_state(GPT2Config(**g.TINY)).items()}
@@ -132,7 +144,10 @@ def llama():
 
 
 FAMILIES = {"gpt2": gpt2, "llama": llama, "gpt_neox": neox, "gptj": gptj, "opt": opt, "falcon": falcon,
-            "gpt_bigcode": bigcode, "baichuan": baichuan13, "btlm": btlm_}
+            "gpt_bigcode": bigcode, "baichuan": baichuan13, "btlm": btlm_, "falcon_rw_alibi": falcon_rw,
+            "btlm_alibi_scaling": btlm_scaled}
+# the kernels take fp32 slopes: Falcon-RW's slope / sqrt(head_dim), BTLM's slope / scale rounded to fp32
+FP32_SLOPES = ("falcon_rw_alibi", "btlm_alibi_scaling")
 STORAGE = ("safetensors", "sharded", "bin")
 
 
@@ -163,7 +178,8 @@ def test_from_pretrained_directory(family, tmp_path):
     ids = torch.randint(0, vocab, (2, 9))
     got = m(ids).logits[..., :vocab]
     want = ref(sd, ids)
-    tol = g.ROTARY_TOL if family == "llama" else dict(atol=1e-9, rtol=1e-8)    # fp32 rotary tables
+    tol = (g.ROTARY_TOL if family == "llama" else          # fp32 rotary tables
+           dict(atol=1e-6, rtol=1e-6) if family in FP32_SLOPES else dict(atol=1e-9, rtol=1e-8))
     assert torch.allclose(got, want, **tol), (family, storage, (got - want).abs().max())
     assert family_from_keys(sd) == model_type
 
