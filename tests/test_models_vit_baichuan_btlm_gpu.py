@@ -16,7 +16,12 @@ attention, the gradients' within 3x.
   ALiBi models is a plain torch ALiBi attention (bf16 matmuls, softmax in bf16) written here,
   put in the same model's place of the inner attention (the torch attention of MHA has no
   ALiBi).
-* ViT's init in bf16 on the GPU: no weight at the truncation bounds."""
+* ViT's init in bf16 on the GPU: no weight at the truncation bounds.
+* Session 30: ViT with timm's LayerScale (init_values; the gammas' gradients too) and avgmax
+  pooling; timm's jax / jax_nlhb / moco inits in bf16 on the GPU; Falcon-RW-like (ALiBi with the
+  slopes over sqrt(head_dim), 6 heads) and BTLM with alibi_scaling (factor 2; train_seq_len 32 at
+  length 77), each against float64 and its plain bf16 ALiBi peer; BTLM's dynamic alibi_scaling
+  while decoding with the KV cache; MHA's alibi_train_seqlen on a packed batch."""
 import types
 
 import pytest
@@ -24,9 +29,11 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from cuflash.models import baichuan, btlm  # noqa: E402
+from cuflash.models import baichuan, btlm, falcon  # noqa: E402
 from cuflash.models.gpt import GPTLMHeadModel  # noqa: E402
 from cuflash.models.vit import VisionTransformer  # noqa: E402
+from cuflash.modules.mha import MHA  # noqa: E402
+from cuflash.utils.generation import InferenceParams  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -64,21 +71,29 @@ def vit(flash, dtype, device="cuda", state=None, **kw):
     return m
 
 
-@pytest.mark.parametrize("case", ["token_fused_ln", "token", "avg"])
+VIT_CASES = {"token_fused_ln": {}, "token": {}, "avg": dict(global_pool="avg"),
+             # session 30: timm's LayerScale and avgmax pooling
+             "token_fused_ln_layer_scale": dict(init_values=0.5), "avgmax_layer_scale": dict(global_pool="avgmax",
+                                                                                          init_values=0.5)}
+
+
+@pytest.mark.parametrize("case", list(VIT_CASES))
 def test_vit_bf16_vs_float64(case):
-    kw = dict(global_pool="avg") if case == "avg" else {}
+    kw = VIT_CASES[case]
     ref = vit(False, torch.float64, device="cpu", **kw)
-    with torch.no_grad():                         # non-trivial norms and biases
+    with torch.no_grad():                         # non-trivial norms, biases and LayerScale gammas
         for name, p in ref.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+            if "norm" in name or name.endswith("bias") or name.endswith("gamma"):
                 p.add_(torch.randn_like(p) * 0.2)
     state = ref.state_dict()
-    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln=case == "token_fused_ln", **kw)
+    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln=case.startswith("token_fused_ln"), **kw)
     plain = vit(False, torch.bfloat16, state=state, **kw)
     img = torch.randn(6, 3, 48, 40)
     labels = torch.randint(0, 10, (6,))
-    last = "Wq" if case != "avg" else "Wqkv"
+    last = "Wq" if kw.get("global_pool", "token") == "token" else "Wqkv"
     names = ["patch_embed.proj.weight", "blocks.0.mixer.Wqkv.weight", f"blocks.2.mixer.{last}.weight", "pos_embed"]
+    if "init_values" in kw:
+        names += ["blocks.1.ls1.gamma", "blocks.2.ls2.gamma"]
     outs = {}
     for key, m in (("ref", ref), ("flash", flash), ("plain", plain)):
         dev, dt = m.pos_embed.device, m.pos_embed.dtype
@@ -117,24 +132,48 @@ def test_vit_init_in_bf16_on_gpu():
     assert abs(m.blocks[0].mixer.Wqkv.weight.float().std().item() - 0.02) < 0.002
 
 
+@pytest.mark.parametrize("mode", ["jax", "jax_nlhb", "moco"])
+def test_vit_weight_init_modes_bf16_on_gpu(mode):
+    """timm's other init modes drawn on the GPU in bf16: finite, uniform weights within their
+    bound (qkv: ±sqrt(6 / (4 D)) for jax, ±sqrt(6 / (2 D)) for moco), head zero for jax."""
+    torch.manual_seed(0)
+    m = VisionTransformer(**VIT, device="cuda", dtype=torch.bfloat16, weight_init=mode, init_values=1e-5)
+    d = VIT["embed_dim"]
+    bound = (6.0 / (4 * d)) ** 0.5 if mode.startswith("jax") else (6.0 / (2 * d)) ** 0.5
+    for name in ("blocks.0.mixer.Wqkv.weight", "blocks.2.mixer.Wkv.weight"):
+        w = dict(m.named_parameters())[name].float()
+        assert torch.isfinite(w).all() and w.abs().max().item() <= bound * 1.004 and w.abs().max() > 0.9 * bound
+    assert all(torch.isfinite(p.float()).all() for p in m.parameters())
+    if mode.startswith("jax"):
+        assert torch.count_nonzero(m.head.weight) == 0
+    assert torch.equal(m.blocks[1].ls2.gamma.float(), torch.full((d,), 1e-5, device="cuda").bfloat16().float())
+
+
 # ---------------------------------------------------------------------------------------
 # Baichuan / BTLM
 
 class PlainAlibiAttention(torch.nn.Module):
     """FlashSelfAttention's forward (packed qkv (batch, seqlen, 3, heads, head_dim)) in plain
     torch: scores in the input dtype, ALiBi bias -slope · (i - j), causal mask, softmax in the
-    input dtype."""
+    input dtype. BTLM's alibi_train_seqlen: the slopes divided by max(1, keys / it), keys = the
+    sequence length, or per row max(prompt, i + 1) with prompt (KV-cache decoding's scales after a
+    prompt of that many tokens, the whole sequence at once)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, prompt=None):
         super().__init__()
         self.slopes, self.scale, self.causal = inner.alibi_slopes.float(), inner.softmax_scale, inner.causal
+        self.train_seqlen, self.prompt = getattr(inner, "alibi_train_seqlen", None), prompt
 
     def forward(self, qkv, causal=None, **kwargs):
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
         s = q.shape[2]
         scores = (q @ k.transpose(-1, -2)) * (self.scale or q.shape[-1] ** -0.5)
         pos = torch.arange(s, device=q.device)
-        bias = -self.slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+        keys = torch.full((s,), float(s), device=q.device)
+        if self.prompt is not None:
+            keys = torch.clamp(pos.float() + 1, min=float(self.prompt))
+        row = torch.clamp(keys / self.train_seqlen, min=1.0) if self.train_seqlen else torch.ones_like(keys)
+        bias = -(self.slopes[:, None, None] / row[None, :, None]) * (pos[:, None] - pos[None, :]).abs()
         scores = (scores + bias.to(scores.dtype)).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
         return (scores.softmax(-1) @ v).transpose(1, 2)
 
@@ -155,10 +194,25 @@ def family_configs():
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, initializer_range=0.1,
             position_embedding_type="alibi", mup_width_scale=0.5, mup_embeddings_scale=4.0, mup_output_alpha=1.5,
             mup_scale_qk_dot_by_d=True)),
+        # session 30: Falcon-RW's ALiBi (slopes / sqrt(head_dim)) and BTLM's alibi_scaling (fixed, dynamic)
+        "falcon_rw_like": falcon.falcon_config_to_gpt2_config(NS(
+            vocab_size=V, hidden_size=384, num_hidden_layers=2, num_attention_heads=6, multi_query=False,
+            new_decoder_architecture=False, parallel_attn=False, bias=True, alibi=True, layer_norm_epsilon=1e-5,
+            hidden_dropout=0.0, attention_dropout=0.0, initializer_range=0.1)),
+        "btlm_alibi_factor": btlm.btlm_config_to_gpt2_config(NS(**BTLM_SMALL, alibi_scaling={"type": "linear",
+                                                                                               "factor": 2.0})),
+        "btlm_alibi_train_seq_len": btlm.btlm_config_to_gpt2_config(NS(**BTLM_SMALL, alibi_scaling={
+            "type": "linear", "train_seq_len": 32})),
     }
 
 
-def family_model(cfg, flash, dtype, device="cuda", state=None, plain_alibi=False):
+BTLM_SMALL = dict(vocab_size=V, n_positions=128, n_embd=256, n_layer=2, n_head=4, n_inner=682,
+                  activation_function="swiglu", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                  layer_norm_epsilon=1e-5, initializer_range=0.1, position_embedding_type="alibi",
+                  mup_width_scale=0.5, mup_embeddings_scale=4.0, mup_output_alpha=1.5, mup_scale_qk_dot_by_d=True)
+
+
+def family_model(cfg, flash, dtype, device="cuda", state=None, plain_alibi=False, prompt=None):
     cfg.pad_vocab_size_multiple = 8
     cfg.use_flash_attn = flash
     torch.manual_seed(0)
@@ -167,7 +221,7 @@ def family_model(cfg, flash, dtype, device="cuda", state=None, plain_alibi=False
         m.load_state_dict(state)
     if plain_alibi:
         for layer in m.transformer.layers:
-            layer.mixer.inner_attn = PlainAlibiAttention(layer.mixer.inner_attn)
+            layer.mixer.inner_attn = PlainAlibiAttention(layer.mixer.inner_attn, prompt)
     return m.eval()
 
 
@@ -190,3 +244,56 @@ def test_family_bf16_vs_float64(name):
         params = dict(m.named_parameters())
         outs[key] = (logits.detach(), torch.autograd.grad(loss, [params[n] for n in names]))
     check(name, outs)
+
+
+def test_btlm_alibi_train_seqlen_decoding():
+    """BTLM's dynamic alibi_scaling while decoding with the KV cache (flash_attn_with_kvcache, the
+    slopes divided by (cache + 1) / train_seq_len at each step once past it): prompt 20 tokens,
+    then 24 steps (train_seq_len 32: the scale starts growing at step 12). The logits of the
+    prompt and of every step against the float64 model decoding the same way on the CPU; the
+    plain bf16 peer computes the whole sequence at once with each row's decoding scale."""
+    cfg = family_configs()["btlm_alibi_train_seq_len"]
+    ref = family_model(cfg, True, torch.float64, device="cpu")
+    state = ref.state_dict()
+    flash = family_model(cfg, True, torch.bfloat16, state=state)
+    plain = family_model(cfg, True, torch.bfloat16, state=state, plain_alibi=True, prompt=20)
+    ids = torch.randint(0, V, (3, 44))
+
+    def decode(m):
+        dev = next(m.parameters()).device
+        params = InferenceParams(max_seqlen=44, max_batch_size=3)
+        x = ids.to(dev)
+        out = [m(x[:, :20], inference_params=params).logits[..., :V]]
+        for t in range(20, 44):
+            params.seqlen_offset = t
+            out.append(m(x[:, t:t + 1], position_ids=torch.full((3, 1), t, device=dev),
+                         inference_params=params).logits[..., :V])
+        return torch.cat(out, dim=1).detach()
+
+    with torch.no_grad():
+        outs = {"ref": (decode(ref), []), "flash": (decode(flash), []),
+                "plain": (plain(ids.cuda()).logits[..., :V].detach(), [])}
+    check("btlm decode alibi train_seq_len", outs)
+
+
+def test_mha_alibi_train_seqlen_packed():
+    """MHA with alibi_train_seqlen on a packed batch (varlen kernel, (batch, nheads) slopes: each
+    sequence its own scale) against each sequence alone in float64; peer: the plain bf16 ALiBi
+    attention on each sequence alone."""
+    torch.manual_seed(0)
+    kw = dict(causal=True, use_alibi=True, use_flash_attn=True, alibi_train_seqlen=40, alibi_slope_scale=0.5)
+    ref = MHA(256, 4, dtype=torch.float64, **kw).eval()
+    state = ref.state_dict()
+    flash = MHA(256, 4, device="cuda", dtype=torch.bfloat16, **kw).eval()
+    flash.load_state_dict(state)
+    plain = MHA(256, 4, device="cuda", dtype=torch.bfloat16, **kw).eval()
+    plain.load_state_dict(state)
+    plain.inner_attn = PlainAlibiAttention(plain.inner_attn)
+    lens = [97, 23, 64, 41]
+    xs = [torch.randn(1, n, 256, dtype=torch.float64) for n in lens]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        want = torch.cat([ref(x)[0] for x in xs])
+        got = flash(torch.cat([x[0] for x in xs]).cuda().bfloat16(), cu_seqlens=cu, max_seqlen=max(lens))
+        peer = torch.cat([plain(x.cuda().bfloat16())[0] for x in xs])
+    check("mha alibi train_seqlen packed", {"ref": (want, []), "flash": (got, []), "plain": (peer, [])})
