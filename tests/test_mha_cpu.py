@@ -257,6 +257,8 @@ def _want(spec):
 
 def test_mha_signatures():
     assert _params(MHA.__init__) == _want(MHA_INIT)
+    extra = [(p.name, p.default) for p in inspect.signature(MHA.__init__).parameters.values() if p.kind == p.KEYWORD_ONLY]
+    assert extra == [("alibi_slope_scale", 1.0), ("alibi_train_seqlen", None)]      # cuflash's, keyword-only
     assert _params(MHA.forward) == _want(MHA_FORWARD)
     assert any(p.kind == p.VAR_KEYWORD for p in inspect.signature(MHA.forward).parameters.values())
 

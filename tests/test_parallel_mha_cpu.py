@@ -283,15 +283,20 @@ FLASH_ATTN_PARALLEL_LINEAR = ["in_features", "out_features", "process_group", ("
                               ("sequence_parallel", True), ("multiple_of", 1), ("device", None), ("dtype", None)]
 
 
-def _params(fn):
+def _params(fn, kind=inspect.Parameter.POSITIONAL_OR_KEYWORD):
+    """fn's parameters of that kind after self: flash-attn's (positional-or-keyword), or cuflash's
+    keyword-only additions."""
     out = []
     for p in list(inspect.signature(fn).parameters.values())[1:]:
-        out.append(p.name if p.default is inspect.Parameter.empty else (p.name, p.default))
+        if p.kind == kind:
+            out.append(p.name if p.default is inspect.Parameter.empty else (p.name, p.default))
     return out
 
 
 def test_flash_attn_signatures():
     assert _params(ParallelMHA.__init__) == FLASH_ATTN_PARALLEL_MHA
+    assert _params(ParallelMHA.__init__, inspect.Parameter.KEYWORD_ONLY) == [("alibi_slope_scale", 1.0),
+                                                                            ("alibi_train_seqlen", None)]
     assert _params(ColumnParallelLinear.__init__) == FLASH_ATTN_PARALLEL_LINEAR
     assert _params(RowParallelLinear.__init__) == FLASH_ATTN_PARALLEL_LINEAR
     fwd = inspect.signature(ParallelMHA.forward).parameters

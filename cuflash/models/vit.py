@@ -134,9 +134,11 @@ def create_mlp_cls(embed_dim, mlp_ratio, act_layer, fused_mlp, device=None, dtyp
 
 def create_block(embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path1, drop_path2,
                  norm_layer, act_layer, use_flash_attn, fused_bias_fc, fused_mlp, fused_dropout_add_ln,
-                 layer_idx=None, n_layer=None, last_layer_subset=False, device=None, dtype=None, init_values=None):
+                 layer_idx=None, n_layer=None, last_layer_subset=False, device=None, dtype=None, *,
+                 init_values=None):
     """flash-attn's: a pre-norm Block with the residual in fp32; the last layer's mixer a
-    cross-attention with last_layer_subset. init_values (cuflash's, last): a LayerScaleBlock."""
+    cross-attention with last_layer_subset. init_values (cuflash's, keyword-only): a
+    LayerScaleBlock."""
     factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
     mixer_cls = create_mixer_cls(num_heads, qkv_bias, attn_drop_rate, use_flash_attn, fused_bias_fc,
                                  cross_attn=last_layer_subset and layer_idx == n_layer - 1, **factory)

@@ -490,7 +490,7 @@ class MHA(_AttentionLayer):
     fused_bias_fc: the projections are cuflash.ops.fused_dense.FusedDense (same parameters and
     keys). dwconv raises cuflash.UnsupportedFeature.
 
-    cuflash's additions (after flash-attn's arguments; with use_alibi only): alibi_slope_scale:
+    cuflash's additions (keyword-only, after flash-attn's arguments; with use_alibi only): alibi_slope_scale:
     the slopes times this number (Falcon-RW adds ALiBi to the raw scores before the softmax
     scale: alibi_slope_scale = 1 / sqrt(head_dim); BTLM's fixed position interpolation: 1 /
     factor); alibi_train_seqlen: BTLM's dynamic position interpolation, each call's slopes
@@ -504,7 +504,7 @@ class MHA(_AttentionLayer):
                  dwconv=False, rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
                  rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), fused_bias_fc=False,
                  use_flash_attn=False, return_residual=False, checkpointing=False, device=None,
-                 dtype=None, alibi_slope_scale=1.0, alibi_train_seqlen=None) -> None:
+                 dtype=None, *, alibi_slope_scale=1.0, alibi_train_seqlen=None) -> None:
         factory = {"device": device, "dtype": dtype}
         super().__init__()
         if dwconv:
@@ -607,7 +607,7 @@ class ParallelMHA(_AttentionLayer):
                  out_proj_bias=True, dropout=0.0, softmax_scale=None, causal=False, layer_idx=None,
                  rotary_emb_dim=0, rotary_emb_base=10000.0, rotary_emb_scale_base=None,
                  rotary_emb_interleaved=False, use_alibi=False, window_size=(-1, -1), use_flash_attn=False,
-                 checkpointing=False, sequence_parallel=True, device=None, dtype=None, alibi_slope_scale=1.0,
+                 checkpointing=False, sequence_parallel=True, device=None, dtype=None, *, alibi_slope_scale=1.0,
                  alibi_train_seqlen=None) -> None:
         from ..ops.fused_dense import ColumnParallelLinear, RowParallelLinear
         from ..utils.distributed import local_range
