@@ -28,12 +28,14 @@ There is no fallback to random weights: a model is loaded from the files or not 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
 import shutil
 import socket
 import tempfile
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -167,7 +169,8 @@ def _unlink(path: str) -> None:
 def _link(blob: str, pointer: str) -> None:
     """pointer → blob (a relative symlink, renamed into place; a copy where links fail)."""
     os.makedirs(os.path.dirname(pointer), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(pointer), f".tmp-{os.getpid()}-{os.path.basename(pointer)}")
+    tmp = os.path.join(os.path.dirname(pointer),
+                       f".tmp-{os.getpid()}-{threading.get_ident()}-{os.path.basename(pointer)}")
     _unlink(tmp)
     try:
         os.symlink(os.path.relpath(blob, os.path.dirname(pointer)), tmp)
@@ -249,7 +252,7 @@ def _download(repo_id: str, filename: str, revision: str, folder: str, token):
         if err.code == 404 and code not in ("RepoNotFound", "RevisionNotFound"):
             raise EntryNotFoundError(text) from None
         raise HubError(text) from None
-    except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError) as err:
+    except (urllib.error.URLError, http.client.HTTPException, socket.timeout, TimeoutError, ConnectionError) as err:
         reason = getattr(err, "reason", err)
         raise HubError(f"{what}: could not download ({type(err).__name__}: {reason}); check the network or "
                        "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the local cache only") from None
@@ -275,7 +278,7 @@ def _download(repo_id: str, filename: str, revision: str, folder: str, token):
                 while True:
                     try:
                         chunk = resp.read(_CHUNK)
-                    except (OSError, socket.timeout) as err:
+                    except (OSError, http.client.HTTPException) as err:
                         raise HubError(f"{what}: the download broke off after {size} bytes ({type(err).__name__}: "
                                        f"{err})") from None
                     if not chunk:
