@@ -76,17 +76,21 @@ class FakeHub:
                     self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_HEAD(self):            # huggingface_hub asks for the headers first (the interop test)
+                return self.do_GET()
 
             def do_GET(self):
-                fake.log.append((name, "GET", self.path, self.headers.get("Authorization")))
+                fake.log.append((name, self.command, self.path, self.headers.get("Authorization")))
                 if name == "cdn":
                     data = fake.blobs.get(self.path.rsplit("/", 1)[-1])
                     if data is None:
                         return self.send(404)
                     if fake.corrupt:
                         data = bytes([data[0] ^ 1]) + data[1:]
-                    if fake.truncate:       # promise the full length, send half, close
+                    if fake.truncate and self.command == "GET":       # promise the full length, send half, close
                         self.send_response(200)
                         self.send_header("Content-Length", str(len(data)))
                         self.end_headers()
@@ -389,3 +393,28 @@ def test_repo_id_rules():
     assert hub.is_repo_id("gpt2") and hub.is_repo_id("meta-llama/Llama-2-7b-hf") and hub.is_repo_id("a.b/c_d-1")
     for bad in ("", "/abs", "a/b/c", "a--b/c", "../x", "a/..", ".x", "x.", "a b", None, 3):
         assert not hub.is_repo_id(bad), bad
+
+
+def test_cache_shared_with_huggingface_hub(fake_hub, monkeypatch, tmp_path):
+    """Where huggingface_hub is installed (it is not a dependency): what cuflash downloads is what
+    huggingface_hub finds in the cache, and what huggingface_hub downloads cuflash reads offline."""
+    hfh = pytest.importorskip("huggingface_hub")
+    files, sd, ref, vocab = gpt2_repo()
+    commit = fake_hub.add("tiny-org/gpt2", files)
+    GPTLMHeadModel.from_pretrained("tiny-org/gpt2")
+    for name in files:
+        found = hfh.try_to_load_from_cache("tiny-org/gpt2", name, cache_dir=str(fake_hub.cache))
+        assert isinstance(found, str) and os.path.samefile(found, fake_hub.cache / "models--tiny-org--gpt2" /
+                                                           "snapshots" / commit / name), name
+    report = hfh.scan_cache_dir(str(fake_hub.cache))
+    assert not report.warnings and [r.repo_id for r in report.repos] == ["tiny-org/gpt2"]
+    assert {f.file_name for r in report.repos for rev in r.revisions for f in rev.files} == set(files)
+    # the other way: huggingface_hub's download, read by cuflash with the endpoint dead
+    files2, sd2, ref2, vocab2 = llama_sharded_repo()
+    fake_hub.add("tiny-org/llama", files2)
+    other = tmp_path / "hfh_cache"
+    for name in files2:
+        hfh.hf_hub_download("tiny-org/llama", name, cache_dir=str(other), endpoint=fake_hub.url)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    m = GPTLMHeadModel.from_pretrained("tiny-org/llama", cache_dir=other, dtype=F64).eval()
+    _logits_match(m, ref2, vocab2, g.ROTARY_TOL)
