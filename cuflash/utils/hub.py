@@ -10,7 +10,8 @@ tag). The cache is ``cache_dir=``, else ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``
 
 ``resolve_model`` looks in the cache first: a snapshot of the revision that holds the weights
 (``model.safetensors``, its ``.index.json`` and shards, ``pytorch_model.bin`` or its index) is used
-with no network at all. Otherwise it downloads ``config.json`` (when the repo has one), then the
+with no network at all (a branch once cached is not looked up again: delete ``refs/<branch>``, or
+pass a commit, to move on). Otherwise it downloads ``config.json`` (when the repo has one), then the
 first of those weights the repo has, from ``{$HF_ENDPOINT or https://huggingface.co}/{repo}/resolve/
 {revision}/{file}``; every file after the first is asked for at the commit the first one came from,
 so a branch that moves meanwhile cannot mix two commits. Each file is written to a temporary file in
@@ -24,12 +25,14 @@ to the endpoint's host (not to the CDN the hub redirects large files to). ``HF_H
 the repo, the file and the revision: 401 / 403 (private or gated repos, with what to do), 404 (no
 such repo, revision or file), other HTTP statuses, network errors and timeouts
 (``$HF_HUB_DOWNLOAD_TIMEOUT`` seconds, default 10), and a name missing from the cache when offline.
-There is no fallback to random weights: a model is loaded from the files or not made."""
+There is no fallback to random weights: a model is loaded from the files or not made. Each download
+is logged at INFO level (logger ``cuflash.utils.hub``) with its size."""
 from __future__ import annotations
 
 import hashlib
 import http.client
 import json
+import logging
 import os
 import re
 import shutil
@@ -49,6 +52,7 @@ _TRUE = ("1", "true", "yes", "on")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _CHUNK = 1 << 20
+logger = logging.getLogger(__name__)
 
 
 class HubError(OSError):
@@ -269,6 +273,7 @@ def _download(repo_id: str, filename: str, revision: str, folder: str, token):
         if etag is not None and not re.fullmatch(r"[0-9A-Za-z_-]{8,128}", etag):
             etag = None                                # not usable as a file name: named by its sha256
         length = resp.headers.get("Content-Length")
+        logger.info("downloading %s/%s (%s bytes, commit %s) into %s", repo_id, filename, length or "?", commit, folder)
         blobs = os.path.join(folder, "blobs")
         os.makedirs(blobs, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=blobs, suffix=".incomplete")
