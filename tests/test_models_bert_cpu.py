@@ -304,7 +304,7 @@ def test_inv_remap_round_trip_and_padded_vocab():
         assert all(torch.equal(back2[k], want[k]) for k in want)
 
 
-def test_old_gamma_beta_names_and_bert_model_from_pretrained(tmp_path):
+def test_old_gamma_beta_names_and_bert_model_from_pretrained(tmp_path, monkeypatch):
     cfg = BertConfig(**TINY, use_flash_attn=True)
     sd = hf_bert_state(cfg, old_names=True)
     ours = bert.remap_state_dict(sd, cfg)
@@ -317,7 +317,9 @@ def test_old_gamma_beta_names_and_bert_model_from_pretrained(tmp_path):
     ids, types_, mask = batch(cfg, [6, 2], 6)
     assert torch.allclose(m(ids, attention_mask=mask).last_hidden_state,
                           p.bert(ids, attention_mask=mask).last_hidden_state)
-    with pytest.raises(cuflash.UnsupportedFeature, match="hub"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")             # a hub name: the (empty) cache only, no network
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    with pytest.raises(OSError, match="bert-base-uncased.*HF_HUB_OFFLINE"):
         BertModel.from_pretrained("bert-base-uncased", cfg)
 
 

@@ -288,7 +288,7 @@ def test_bad_config_names_the_attribute(kw, exc, word):
         GPTLMHeadModel(GPT2Config(**{**TINY, **kw}))
 
 
-def test_missing_attribute_and_bad_inputs():
+def test_missing_attribute_and_bad_inputs(monkeypatch, tmp_path):
     ns = types.SimpleNamespace(vocab_size=10, n_embd=32, n_layer=1)
     with pytest.raises(ValueError, match=r"config\.n_head is missing"):
         GPTLMHeadModel(ns)
@@ -303,7 +303,9 @@ def test_missing_attribute_and_bad_inputs():
         m.generate(torch.randint(0, 97, (1, 5)), 8, top_k=0, top_p=1.5)
     with pytest.raises(ValueError, match="temperature"):
         m.generate(torch.randint(0, 97, (1, 5)), 8, top_k=5, temperature=0.0)
-    with pytest.raises(cuflash.UnsupportedFeature, match="hub"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")             # a hub name: the (empty) cache only, no network
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    with pytest.raises(OSError, match="gpt2.*HF_HUB_OFFLINE"):
         GPTLMHeadModel.from_pretrained("gpt2", GPT2Config(**TINY))
 
 

@@ -4,8 +4,9 @@
 (config.json with model_type + model.safetensors, a sharded model.safetensors.index.json, or
 pytorch_model.bin; Falcon-RW's ALiBi and BTLM's alibi_scaling too): the loaded model's logits (float64) equal the plain-torch forward of that
 family written in tests/test_models_families_cpu.py and tests/test_models_baichuan_btlm_cpu.py.
-Plus the family detection from keys alone, explicit configs, and the refusals (hub names, no
-config, unknown model_type)."""
+Plus the family detection from keys alone, explicit configs, and the refusals (a hub name offline
+and not cached, a missing path, no config, unknown model_type). Hub downloads:
+tests/test_models_hub_cpu.py."""
 import json
 import os
 import sys
@@ -222,9 +223,13 @@ def test_family_from_keys_gpt2_vs_bigcode():
     assert family_from_keys({"model.layers.0.self_attn.q_proj.weight": torch.zeros(1)}) == "llama"
 
 
-def test_from_pretrained_refused(tmp_path):
-    with pytest.raises(cuflash.UnsupportedFeature, match="hub"):
+def test_from_pretrained_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")             # a hub name: the (empty) cache only, no network
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    with pytest.raises(OSError, match="EleutherAI/pythia-70m.*HF_HUB_OFFLINE"):
         GPTLMHeadModel.from_pretrained("EleutherAI/pythia-70m")
+    with pytest.raises(FileNotFoundError, match="no such local file"):
+        GPTLMHeadModel.from_pretrained(str(tmp_path / "no" / "such" / "dir"))
     d = tmp_path / "mamba"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"model_type": "mamba"}))

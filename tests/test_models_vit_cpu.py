@@ -210,14 +210,16 @@ def test_vit_state_dict_round_trip_and_files(tmp_path):
     assert torch.equal(load_pretrained(make(True).eval(), tmp_path / "ckpt.pth")(img), want)
 
 
-def test_vit_base_patch16_224():
+def test_vit_base_patch16_224(monkeypatch, tmp_path):
     m = vit_base_patch16_224(device="meta")
     assert sum(p.numel() for p in m.parameters()) == 86_567_656       # timm's ViT-B/16 count
     assert m.patch_embed.num_patches == 196 and m.pos_embed.shape == (1, 197, 768)
     assert len(m.blocks) == 12 and m.blocks[0].mixer.num_heads == 12
     with pytest.raises(cuflash.UnsupportedFeature, match="timm"):
         vit_base_patch16_224(pretrained=True)
-    with pytest.raises(cuflash.UnsupportedFeature, match="hub"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")             # a hub name: the (empty) cache only, no network
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub_cache"))
+    with pytest.raises(OSError, match="google/vit-base-patch16-224.*HF_HUB_OFFLINE"):
         vit_base_patch16_224(pretrained="google/vit-base-patch16-224", device="meta")
 
 

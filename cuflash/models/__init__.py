@@ -9,5 +9,6 @@ run other families as ``GPTLMHeadModel``: ``cuflash.models.llama``, ``gpt_neox``
 ``<family>_config_to_gpt2_config``, and the inverse remaps ``inv_remap_state_dict_hf_llama`` /
 ``inv_remap_state_dict_hf_bigcode``); ``cuflash.models.vit`` (``VisionTransformer``,
 ``vit_base_patch16_224``, timm-compatible keys). ``GPTLMHeadModel.from_pretrained`` reads a local
-Hugging Face model directory of any of these families (config.json, safetensors / bin, sharded).
+Hugging Face model directory of any of these families (config.json, safetensors / bin, sharded) or
+a hub model id (the local Hugging Face cache, else a download into it: ``cuflash.utils.hub``).
 Imports torch; ``import cuflash`` does not import this package."""

@@ -1,12 +1,12 @@
-"""Reading local checkpoints for cuflash.models' ``from_pretrained`` (no download, no packages
-beyond torch): a ``.safetensors`` file (parsed here: an 8-byte little-endian header length, the
-JSON header, the tensors' bytes; the tensors are views of a private memory map, so only what is
-read is paged in), a ``torch.save`` file (``torch.load`` with ``weights_only=True``, on the CPU),
-and a Hugging Face model directory (``config.json`` and ``model.safetensors`` /
-``model.safetensors.index.json`` / ``pytorch_model.bin`` / ``pytorch_model.bin.index.json``, or the
-directory's one ``*.safetensors`` file). A path that is neither a file nor a directory (a hub
-model name) raises ``cuflash.UnsupportedFeature``; a malformed file raises ``ValueError`` naming
-it."""
+"""Reading checkpoints for cuflash.models' ``from_pretrained`` (no packages beyond torch): a
+``.safetensors`` file (parsed here: an 8-byte little-endian header length, the JSON header, the
+tensors' bytes; the tensors are views of a private memory map, so only what is read is paged in),
+a ``torch.save`` file (``torch.load`` with ``weights_only=True``, on the CPU), and a Hugging Face
+model directory (``config.json`` and ``model.safetensors`` / ``model.safetensors.index.json`` /
+``pytorch_model.bin`` / ``pytorch_model.bin.index.json``, or the directory's one ``*.safetensors``
+file). A name that is no local path but a Hugging Face hub model id (``name`` or ``org/name``) is
+resolved to the local Hugging Face cache, downloading what it lacks (``cuflash.utils.hub``);
+anything else raises ``FileNotFoundError``. A malformed file raises ``ValueError`` naming it."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,8 @@ import torch
 
 from ..api import UnsupportedFeature
 
-__all__ = ["load_safetensors", "save_safetensors", "load_state_dict_from", "load_hf_config", "checkpoint_files"]
+__all__ = ["load_safetensors", "save_safetensors", "load_state_dict_from", "load_hf_config", "checkpoint_files",
+           "resolve_source"]
 
 _DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
            "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
@@ -151,17 +152,32 @@ def checkpoint_files(directory) -> list:
     raise ValueError(f"{directory}: no weights found (looked for {', '.join(_WEIGHTS)}, or one *.safetensors file)")
 
 
-def _check_local(source, who: str) -> str:
-    if not isinstance(source, (str, os.PathLike)) or not os.path.exists(source):
-        raise UnsupportedFeature(f"{who}({source!r}): not a local file or directory; downloading from the Hugging "
-                                 "Face hub (or timm's) is not part of cuflash: pass a local checkpoint file, a model "
-                                 "directory, or state_dict=...")
-    return os.fspath(source)
+def resolve_source(source, who: str = "from_pretrained", revision: str = "main", token=None, cache_dir=None,
+                   local_files_only: bool = False) -> str:
+    """A local path for `source`: itself when it is a local file or directory, else (a hub model
+    id, ``name`` or ``org/name``) the Hugging Face cache snapshot holding its config.json and
+    weights, downloaded when the cache lacks them (``cuflash.utils.hub.resolve_model``)."""
+    if isinstance(source, (str, os.PathLike)) and os.path.exists(source):
+        return os.fspath(source)
+    from ..utils import hub
+
+    if not hub.is_repo_id(source):
+        if isinstance(source, (str, os.PathLike)):
+            raise FileNotFoundError(f"{who}({source!r}): no such local file or directory, and not a Hugging Face "
+                                    "hub model id ('name' or 'org/name')")
+        raise ValueError(f"{who}: the model name must be a local path or a hub model id, got "
+                         f"{type(source).__name__} {source!r}")
+    try:
+        return hub.resolve_model(source, revision=revision, token=token, cache_dir=cache_dir,
+                                 local_files_only=local_files_only, weight_files=_WEIGHTS)
+    except hub.HubError as err:
+        raise type(err)(f"{who}({source!r}): no local path of that name; from the Hugging Face hub: {err}") from None
 
 
-def load_state_dict_from(source, who: str = "from_pretrained") -> "OrderedDict[str, torch.Tensor]":
-    """A state dict from a local checkpoint file or model directory (all shards merged)."""
-    source = _check_local(source, who)
+def load_state_dict_from(source, who: str = "from_pretrained", **hub) -> "OrderedDict[str, torch.Tensor]":
+    """A state dict from a local checkpoint file or model directory (all shards merged), or a hub
+    model id (``hub``: revision, token, cache_dir, local_files_only; see resolve_source)."""
+    source = resolve_source(source, who, **hub)
     files = checkpoint_files(source) if os.path.isdir(source) else [source]
     out = OrderedDict()
     for path in files:

@@ -1,4 +1,5 @@
-"""``GPTPreTrainedModel.from_pretrained``'s checkpoint side: which family a checkpoint is (the
+"""``GPTPreTrainedModel.from_pretrained``'s checkpoint side: where it is (a local path, or a hub
+model id through the Hugging Face cache: ``cuflash.utils.hub``), which family it is (the
 directory's ``config.json`` ``model_type``, else its state dict's keys), that family's config
 conversion (``*_config_to_gpt2_config``) when no config is given, and its remap
 (``remap_state_dict_hf_*``)."""
@@ -10,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from ..api import UnsupportedFeature
-from ._checkpoint import _check_local, load_hf_config, load_state_dict_from
+from ._checkpoint import load_hf_config, load_state_dict_from, resolve_source
 
 # model_type (config.json) → (module, config conversion (None: GPT-2's own names), remap)
 FAMILIES = {
@@ -78,13 +79,15 @@ def convert_config(family: str, hf_config):
     return getattr(module, convert)(hf_config)
 
 
-def resolve(model_name, config, state_dict):
+def resolve(model_name, config, state_dict, **hub):
     """(config, state dict in GPTLMHeadModel's keys) for from_pretrained: the weights are
-    `state_dict` if given, else read from `model_name` (a local file or model directory); the
-    config is `config` if given, else converted from the directory's config.json."""
+    `state_dict` if given, else read from `model_name` (a local file or model directory, or a hub
+    model id resolved through the Hugging Face cache: ``hub`` holds revision, token, cache_dir,
+    local_files_only); the config is `config` if given, else converted from the directory's
+    config.json."""
     hf_config = None
     if state_dict is None:
-        path = _check_local(model_name, "from_pretrained")
+        path = resolve_source(model_name, "from_pretrained", **hub)
         if os.path.isdir(path):
             hf_config = load_hf_config(path)
         state_dict = load_state_dict_from(path)

@@ -65,7 +65,8 @@ up to ``pad_vocab_size_multiple`` in place; here the padded size is computed, an
 ``config.vocab_size``); with ``position_embedding_type="rotary"`` the rotary dimension defaults
 to head_dim (flash-attn's default, hidden_size, does not fit a head; as in flash-attn the learned
 position embedding stays unless ``max_position_embeddings = 0``); ``from_pretrained`` reads a
-local checkpoint or a given state dict (no hub download), and ``BertModel.from_pretrained`` drops
+local checkpoint, a given state dict or a hub model id (through the local Hugging Face cache,
+downloading what it lacks: ``cuflash.utils.hub``), and ``BertModel.from_pretrained`` drops
 the ``bert.`` prefix and the pretraining heads (flash-attn loads the prefixed keys with
 strict=False, i.e. nothing); bad configs raise ``ValueError`` naming the attribute
 (``config.hidden_act``, ...) before any module is made (flash-attn asserts).
@@ -73,6 +74,7 @@ strict=False, i.e. nothing); bad configs raise ``ValueError`` naming the attribu
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -150,6 +152,19 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         return dict(vars(self))
+
+    @classmethod
+    def from_pretrained(cls, model_name, revision="main", token=None, cache_dir=None, local_files_only=False,
+                        **overrides):
+        """transformers' ``BertConfig.from_pretrained``: the config.json of a local model
+        directory or of a hub model id (downloaded into the Hugging Face cache when missing;
+        ``cuflash.utils.hub``), ``overrides`` (e.g. ``use_flash_attn=True``) on top."""
+        from ..utils.pretrained import config_from_pretrained
+
+        values = vars(config_from_pretrained(model_name, revision=revision, token=token, cache_dir=cache_dir,
+                                             local_files_only=local_files_only))
+        values.pop("model_type", None)
+        return cls(**{**values, **overrides})
 
 
 _DEFAULTS = {f.name: f.default for f in fields(BertConfig)}
@@ -411,16 +426,30 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
 
     @classmethod
-    def from_pretrained(cls, model_name, config, *inputs, state_dict=None, strict=True, **kwargs):
-        """flash-attn's ``from_pretrained(model_name, config, ...)`` without the download: the
-        weights are ``state_dict`` if given, else read from ``model_name``, a local checkpoint file
-        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file, on the CPU) or a
+    def from_pretrained(cls, model_name, config=None, *inputs, state_dict=None, strict=True, revision="main",
+                        token=None, cache_dir=None, local_files_only=False, **kwargs):
+        """flash-attn's ``from_pretrained(model_name, config, ...)``: the weights are
+        ``state_dict`` if given, else read from ``model_name``: a local checkpoint file
+        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file, on the CPU), a
         local Hugging Face model directory (``model.safetensors``, ``pytorch_model.bin`` or their
-        sharded indexes). Hugging Face BERT keys (``bert.encoder.layer.``) are remapped; BertModel
+        sharded indexes), or a Hugging Face hub model id (``"bert-base-uncased"``) resolved
+        through the local Hugging Face cache and downloaded into it when missing
+        (``cuflash.utils.hub``: ``revision``, ``token``, ``cache_dir``, ``local_files_only`` /
+        ``HF_HUB_OFFLINE=1``). ``config`` defaults to the checkpoint's config.json (as a
+        BertConfig). Hugging Face BERT keys (``bert.encoder.layer.``) are remapped; BertModel
         takes the ``bert.`` keys without the prefix and leaves the heads out."""
+        hf_config = None
         if state_dict is None:
-            from ._checkpoint import load_state_dict_from
-            state_dict = load_state_dict_from(model_name)
+            from ._checkpoint import load_hf_config, load_state_dict_from, resolve_source
+            path = resolve_source(model_name, "from_pretrained", revision=revision, token=token, cache_dir=cache_dir,
+                                  local_files_only=local_files_only)
+            if config is None and os.path.isdir(path):
+                hf_config = load_hf_config(path)
+            state_dict = load_state_dict_from(path)
+        if config is None:
+            if hf_config is None:
+                raise ValueError(f"from_pretrained({model_name!r}): config is needed (no config.json to read)")
+            config = BertConfig(**{k: v for k, v in vars(hf_config).items() if k != "model_type"})
         if not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict must be a mapping of tensors, got {type(state_dict).__name__}")
         model = cls(config, *inputs, **kwargs)

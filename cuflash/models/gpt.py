@@ -61,7 +61,8 @@ Differences from flash-attn (on the accepting side): the tensor-parallel model
 with GPT2Config's attribute names; ``from_pretrained`` reads a local checkpoint file, a local
 Hugging Face model directory (config.json converted by its family's helper; safetensors read by
 cuflash's own reader; sharded indexes) or a given state dict, and remaps every family of
-cuflash.models (downloading from the Hugging Face hub is not part of cuflash). Bad configs raise
+cuflash.models; a Hugging Face hub model id (``"gpt2"``, ``"org/name"``) is read from the local
+Hugging Face cache, downloaded into it when missing (``cuflash.utils.hub``). Bad configs raise
 ``ValueError`` naming the attribute (``config.n_head``, ...) before any parameter is made;
 ``attn_dwconv`` and a ``head_dim`` other than ``n_embd / n_head`` raise
 ``cuflash.UnsupportedFeature``.
@@ -201,6 +202,24 @@ class GPT2Config:
     def to_dict(self) -> dict:
         """Every attribute, the fields and any extra keyword."""
         return dict(vars(self))
+
+    @classmethod
+    def from_pretrained(cls, model_name, revision="main", token=None, cache_dir=None, local_files_only=False,
+                        **overrides):
+        """transformers' ``GPT2Config.from_pretrained``: the config.json of a local model
+        directory or of a hub model id (downloaded into the Hugging Face cache when missing;
+        ``cuflash.utils.hub``), ``overrides`` on top. A config.json of another family raises
+        ValueError (convert it: ``<family>_config_to_gpt2_config(config_from_pretrained(name))``,
+        ``cuflash.utils.pretrained``)."""
+        from ..utils.pretrained import config_from_pretrained
+
+        values = vars(config_from_pretrained(model_name, revision=revision, token=token, cache_dir=cache_dir,
+                                             local_files_only=local_files_only))
+        kind = values.pop("model_type", "gpt2")
+        if kind != "gpt2":
+            raise ValueError(f"GPT2Config.from_pretrained({model_name!r}): config.json's model_type is {kind!r}, not "
+                             f"'gpt2'; convert it with cuflash.models.<family>'s <family>_config_to_gpt2_config")
+        return cls(**{**values, **overrides})
 
 
 _CONFIG = ConfigReader("GPT2Config", _GPT2_DEFAULTS, _REQUIRED, _ALIASES)
@@ -434,22 +453,27 @@ class GPTPreTrainedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model_name, config=None, *args, strict=True, device=None, dtype=None, world_size=1,
-                        rank=0, state_dict=None, **kwargs):
-        """flash-attn's ``from_pretrained(model_name, config, ...)`` without the download: the
-        weights are ``state_dict`` if given, else read from ``model_name``, a local checkpoint file
-        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file) or a local
+                        rank=0, state_dict=None, revision="main", token=None, cache_dir=None, local_files_only=False,
+                        **kwargs):
+        """flash-attn's ``from_pretrained(model_name, config, ...)``: the weights are
+        ``state_dict`` if given, else read from ``model_name``: a local checkpoint file
+        (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file), a local
         Hugging Face model directory (``config.json`` plus ``model.safetensors``,
-        ``pytorch_model.bin`` or their sharded ``*.index.json``). ``config`` defaults to the
-        directory's config.json converted by its family's ``*_config_to_gpt2_config``. Hugging Face
-        state dicts of every family in cuflash.models (GPT-2, Llama, GPT-NeoX, GPT-J, OPT, Falcon,
-        BigCode, Baichuan, BTLM) are remapped (flash-attn picks the remap by the hub name; here
-        config.json's ``model_type`` or, without one, the keys say it); a state dict already in
-        this model's keys loads as it is. world_size > 1: this rank's shard
-        (``shard_state_dict_tp``). A name that is no local path raises
-        ``cuflash.UnsupportedFeature`` (downloading from the hub is not part of cuflash)."""
+        ``pytorch_model.bin`` or their sharded ``*.index.json``), or a Hugging Face hub model id
+        (``"gpt2"``, ``"meta-llama/Llama-2-7b-hf"``) resolved through the local Hugging Face cache
+        and downloaded into it when missing (``cuflash.utils.hub``: ``revision``, ``token``
+        (else ``HF_TOKEN``), ``cache_dir``, ``local_files_only`` / ``HF_HUB_OFFLINE=1``; failures
+        raise ``cuflash.utils.hub.HubError``, an OSError). ``config`` defaults to the
+        checkpoint's config.json converted by its family's ``*_config_to_gpt2_config``. Hugging
+        Face state dicts of every family in cuflash.models (GPT-2, Llama, GPT-NeoX, GPT-J, OPT,
+        Falcon, BigCode, Baichuan, BTLM) are remapped (flash-attn picks the remap by the hub name;
+        here config.json's ``model_type`` or, without one, the keys say it); a state dict already
+        in this model's keys loads as it is. world_size > 1: this rank's shard
+        (``shard_state_dict_tp``)."""
         from ._pretrained import resolve
 
-        config, state_dict = resolve(model_name, config, state_dict)
+        config, state_dict = resolve(model_name, config, state_dict, revision=revision, token=token,
+                                     cache_dir=cache_dir, local_files_only=local_files_only)
         model = cls(config, *args, device=device, dtype=dtype, **kwargs)
         if dtype is not None:
             state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}

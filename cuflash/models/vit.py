@@ -46,9 +46,11 @@ flash-attn's fused dense GEMM is not part of cuflash); ``fused_mlp`` runs
 ``cuflash.modules.mlp.FusedMLP`` (tanh GELU, flash-attn's FusedMLP default, in torch).
 
 Pretrained weights: ``pretrained`` (or ``load_pretrained(model, source)``) takes a state dict, a
-local checkpoint file (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file) or
-a local directory holding one; timm is not needed and nothing is downloaded
-(``pretrained=True`` raises ``cuflash.UnsupportedFeature``).
+local checkpoint file (``.safetensors``, read by cuflash's own reader, or a ``torch.save`` file), a
+local directory holding one, or a Hugging Face hub model id (e.g. one of timm's ``timm/...`` repos)
+read from the local Hugging Face cache and downloaded into it when missing (``cuflash.utils.hub``);
+timm is not needed (``pretrained=True``, timm's pick of a default tag, raises
+``cuflash.UnsupportedFeature``).
 """
 from __future__ import annotations
 
@@ -417,25 +419,31 @@ class VisionTransformer(nn.Module):
         return super().load_state_dict(sd, strict=strict, assign=assign)
 
 
-def load_pretrained(model: VisionTransformer, source, strict=True):
+def load_pretrained(model: VisionTransformer, source, strict=True, revision="main", token=None, cache_dir=None,
+                    local_files_only=False):
     """Loads ``source`` into ``model``: a state dict, a local checkpoint file (``.safetensors`` or
-    a ``torch.save`` file) or a local directory holding one (``model.safetensors``,
-    ``pytorch_model.bin`` or their sharded indexes). Returns the model. Anything else (a hub
-    name) raises cuflash.UnsupportedFeature."""
+    a ``torch.save`` file), a local directory holding one (``model.safetensors``,
+    ``pytorch_model.bin`` or their sharded indexes), or a Hugging Face hub model id (through the
+    local Hugging Face cache, downloaded into it when missing: ``cuflash.utils.hub``). Returns the
+    model."""
     from ._checkpoint import load_state_dict_from
 
-    state_dict = source if isinstance(source, Mapping) else load_state_dict_from(source)
+    state_dict = source if isinstance(source, Mapping) else load_state_dict_from(
+        source, "load_pretrained", revision=revision, token=token, cache_dir=cache_dir,
+        local_files_only=local_files_only)
     model.load_state_dict(state_dict, strict=strict)
     return model
 
 
 def vit_base_patch16_224(pretrained=False, **kwargs):
     """ViT-B/16 (Dosovitskiy et al. 2021): patch 16, embed_dim 768, depth 12, 12 heads, 224 × 224
-    images. pretrained: False, or the weights (see load_pretrained); True (timm's download)
-    raises cuflash.UnsupportedFeature."""
+    images. pretrained: False, or the weights (see load_pretrained: a state dict, a local file or
+    directory, or a hub model id); True (timm's choice of default weights) raises
+    cuflash.UnsupportedFeature."""
     if pretrained is True:
-        raise UnsupportedFeature("vit_base_patch16_224(pretrained=True): downloading timm's weights is not part of "
-                                 "cuflash; pass pretrained=<state dict, local file or directory>")
+        raise UnsupportedFeature("vit_base_patch16_224(pretrained=True): timm's choice of default weights is not part "
+                                 "of cuflash; pass pretrained=<state dict, local file or directory, or a Hugging Face "
+                                 "hub model id of the weights>")
     model = VisionTransformer(**{**dict(patch_size=16, embed_dim=768, depth=12, num_heads=12), **kwargs})
     if pretrained is not False and pretrained is not None:
         load_pretrained(model, pretrained)
