@@ -462,6 +462,27 @@ def test_fast_path_autograd(fake_gpu):
     assert ptrs[10] == gx.data_ptr() and ptrs[11] == gr.data_ptr() and ptrs[13:] == (gw.data_ptr(), gb.data_ptr())
 
 
+def test_fast_path_raw_apply(fake_gpu, monkeypatch):
+    """The recorded fast path applies _EntryNormFn through the raw C apply (ops._entry_apply), not
+    autograd.Function.apply's Python wrapper; with ops._entry_apply None (another torch) the public
+    apply runs; both give the same launches and gradients' shapes."""
+    assert ops._entry_apply is not None
+    public = []
+    real = ops._EntryNormFn.apply
+    monkeypatch.setattr(ops._EntryNormFn, "apply", lambda *a: public.append(1) or real(*a))
+    x, w, r = _bf(3, 64, grad=True), _bf(64, grad=True), _bf(3, 64)
+    got = []
+    for raw in (True, False):
+        if not raw:
+            monkeypatch.setattr(ops, "_entry_apply", None)
+        for _ in range(2):   # the first call makes the entry; the second is a repeat call
+            y, res = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        assert len(public) == (0 if raw else 2)
+        gx, gw = torch.autograd.grad((y, res), (x, w), (torch.ones_like(y), torch.ones_like(res)))
+        got.append((y.grad_fn.__class__.__name__, gx.shape, gw.shape))
+    assert got[0] == got[1] and got[0][0] == "_EntryNormFnBackward"
+
+
 def test_fast_path_off(fake_gpu, monkeypatch):
     """EAGER_CACHE = False: the checked route, no entry; a kernel-directory change drops the entries."""
     x, w = _bf(4, 64), _bf(64)

@@ -237,6 +237,34 @@ def test_fast_path_is_the_checked_route(monkeypatch, rms, case):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
+def test_fast_path_raw_apply_is_the_public_apply(monkeypatch, rms):
+    """The fast path's node applied through the raw C apply (ops._entry_apply, the default) gives the
+    bits of autograd.Function.apply's (ops._entry_apply None): outputs and gradients, prenorm with a
+    residual, and through torch.autograd.grad and .backward()."""
+    torch.manual_seed(13)
+    n, rows, dt = 2048, 37, torch.bfloat16
+    leaves = inputs(dt, dt, n, rows, not rms, True)
+    dy, dres = torch.randn(rows, n, device="cuda").to(dt), torch.randn(rows, n, device="cuda").to(dt)
+
+    def go():
+        x, w, b, r = [t.detach().clone().requires_grad_(True) if t is not None else None for t in leaves]
+        y, res = layer_norm_fn(x, w, b, residual=r, prenorm=True, is_rms_norm=rms)
+        ts = [t for t in (x, w, b, r) if t is not None]
+        grads = torch.autograd.grad((y, res), ts, (dy, dres), retain_graph=True)
+        y.backward(dy)
+        return [y.detach(), res.detach(), *grads, *(t.grad for t in ts)]
+
+    ln_kernels.entries.clear()
+    go()
+    raw = go()
+    monkeypatch.setattr(ops, "_entry_apply", None)
+    public = go()
+    assert len(raw) == len(public)
+    for a, b in zip(raw, public):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 def test_cuda_graph_replay():
     """The eager fast path inside a CUDA graph (entries made by the warm-up on a side stream, as torch
     asks): replays with new input values give the eager outputs, forward without autograd and
