@@ -5,8 +5,10 @@
 * the norms: ``rms_norm_fn`` / ``layer_norm_fn`` (8 x 2048 bf16; RMSNorm also with a residual)
   against ``F.rms_norm`` / ``F.layer_norm``: ``fwd`` (nothing to differentiate), ``fwdgrad`` (the
   forward autograd records, no backward), ``fwdbwd`` (forward + ``torch.autograd.grad``);
-  variants of cuflash's RMSNorm: ``pubapply`` (``_EntryNormFn.apply``, the public
-  ``autograd.Function.apply``, instead of the raw C apply), ``nolaunch`` (the plans' launches
+  variants of cuflash's: ``main`` (main's fast path before session 30: the public
+  ``autograd.Function.apply`` and the backward's partials allocated apart); of RMSNorm:
+  ``pubapply`` (``_EntryNormFn.apply``, the public ``autograd.Function.apply``, instead of the raw
+  C apply), ``nolaunch`` (the plans' launches
   stubbed: what the launches cost the host; the outputs are garbage);
 * probes of autograd itself: ``null`` (a Python ``autograd.Function`` that allocates its outputs
   and nothing else, raw and public apply; the same as a ``torch.library.custom_op`` with
@@ -52,6 +54,21 @@ def swap(obj, name, value):
         yield
     finally:
         setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def as_main():
+    """main's fast path before session 30 (20db2ea): the public autograd.Function.apply, and the
+    backward's partials allocated apart (every entry's statistics 2 · rows floats)."""
+    olds = {e: e.stats_len for e in ln.entries.values()}
+    for e in olds:
+        e.stats_len = 2 * e.rows
+    try:
+        with swap(ops, "_entry_apply", None):
+            yield
+    finally:
+        for e, v in olds.items():
+            e.stats_len = v
 
 
 @contextlib.contextmanager
@@ -130,11 +147,16 @@ def table(rows, n, dt):
                                         lambda: swap(ops, "_entry_apply", None)),
         "fwdbwd rms cuflash nolaunch": (lambda: grad(ops.rms_norm_fn(xg, wg, None, eps=EPS), (xg, wg), dy),
                                         no_launch),
+        "fwdbwd rms cuflash main": (lambda: grad(ops.rms_norm_fn(xg, wg, None, eps=EPS), (xg, wg), dy), as_main),
         "fwdbwd rms torch": (lambda: grad(F.rms_norm(xg, (n,), wg, EPS), (xg, wg), dy), none),
         "fwdbwd ln cuflash": (lambda: grad(ops.layer_norm_fn(xg, wg, bg, eps=EPS), (xg, wg, bg), dy), none),
+        "fwdbwd ln cuflash main": (lambda: grad(ops.layer_norm_fn(xg, wg, bg, eps=EPS), (xg, wg, bg), dy), as_main),
         "fwdbwd ln torch": (lambda: grad(F.layer_norm(xg, (n,), wg, bg, EPS), (xg, wg, bg), dy), none),
         "fwdbwd rms_res cuflash": (lambda: grad(ops.rms_norm_fn(xg, wg, None, residual=rg, prenorm=True, eps=EPS)[0],
                                                 (xg, wg, rg), dy), none),
+        "fwdbwd rms_res cuflash main": (
+            lambda: grad(ops.rms_norm_fn(xg, wg, None, residual=rg, prenorm=True, eps=EPS)[0], (xg, wg, rg), dy),
+            as_main),
         "fwdbwd rms_res torch": (lambda: grad(F.rms_norm(xg + rg, (n,), wg, EPS), (xg, wg, rg), dy), none),
         "fwdgrad null raw": (lambda: _null_raw(xg, wg), none),
         "fwdgrad null pubapply": (lambda: Null.apply(xg, wg), none),
@@ -146,7 +168,9 @@ def table(rows, n, dt):
         "fwdbwd mul torch": (lambda: grad(xg * wg, (xg, wg), dy), none),
         "empty_like x": (lambda: torch.empty_like(x), none),
     }
-    ops.rms_norm_fn(xg, wg, None, eps=EPS)   # makes the entry
+    ops.rms_norm_fn(xg, wg, None, eps=EPS)   # makes the entries (as_main sees them)
+    ops.layer_norm_fn(xg, wg, bg, eps=EPS)
+    ops.rms_norm_fn(xg, wg, None, residual=rg, prenorm=True, eps=EPS)
     entry = next(e for e in ln.entries.values() if e.has_bias is False and e.has_residual is False)
     y, _, stats = entry.forward(x, w, None, None)
     entry.backward(dy, None, x, None, w, stats)
@@ -168,6 +192,7 @@ def attention_table():
     none = contextlib.nullcontext
     out = {
         "fwd attn cuflash": (lambda: flash_attn_func(q, k, v, causal=True), none),
+        "fwdgrad attn cuflash": (lambda: flash_attn_func(qg, kg, vg, causal=True), none),
         "fwdbwd attn cuflash": (lambda: grad(flash_attn_func(qg, kg, vg, causal=True), (qg, kg, vg), do), none),
     }
     for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -182,6 +207,7 @@ def attention_table():
             print(f"{name}: left out ({str(exc).splitlines()[0]})")
             continue
         out[f"fwd attn {name}"] = (fwd, ctx)
+        out[f"fwdgrad attn {name}"] = (lambda: F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True), ctx)
         out[f"fwdbwd attn {name}"] = (fwdbwd, ctx)
     return out, (qg, kg, vg, do, qtg, ktg, vtg, dot)
 
