@@ -7,6 +7,7 @@ step bd 40 python3 tests/autograd_host_breakdown.py --out "$OUT/breakdown.json" 
 bg memcheck 30 compute-sanitizer --tool memcheck --error-exitcode 3 python3 tests/layer_norm_sanitize.py
 bg racecheck 30 compute-sanitizer --tool racecheck --error-exitcode 3 python3 tests/layer_norm_sanitize.py
 bg synccheck 30 compute-sanitizer --tool synccheck --error-exitcode 3 python3 tests/layer_norm_sanitize.py
+bg t_ops 30 $PT tests/test_flash_ops_gpu.py -k norm
 step t_fast 20 $PT tests/test_layer_norm_gpu.py -k "fast_path or cuda_graph"
 wait
 step tests $(( 87 - $(el) )) $PT tests/test_layer_norm_gpu.py --maxfail=20
