@@ -456,9 +456,10 @@ class Entry:
 
     def forward(self, x, weight, bias, residual, keep_stats=True):
         """(y, residual_out or None, stats): x / residual contiguous in x's shape; stats (stats_len,)
-        fp32, the rows' means then their rstds (then the backward's partials). keep_stats=False (no backward will read them): the
-        statistics go to the entry's scratch buffer, written by every such call and read by none (so
-        calls on several streams at once may share it), one allocation fewer per call."""
+        fp32, the rows' means then their rstds (then room for the backward's partials).
+        keep_stats=False (no backward will read them): the statistics go to the entry's scratch
+        buffer, written by every such call and read by none (so calls on several streams at once may
+        share it), one allocation fewer per call."""
         y = torch.empty_like(x)
         res_out = torch.empty_like(x, dtype=self.res_dtype) if self.write_res else None
         if keep_stats:

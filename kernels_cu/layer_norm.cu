@@ -303,9 +303,9 @@ layer_norm_bwd_dx(const LayerNormParams p) {
 // p.finish_counter (the threadfence-reduction pattern: every thread's stores fenced GPU-wide before
 // the count, the count read before the other CTAs' partials); the last one sets the counter back to
 // 0 (for the next launch on the stream: the host keeps one zeroed counter per stream) and sums every
-// column's splits as layer_norm_bwd_dw_finish does: warp g's splits g, g + kLnFinishGroups, ... in turn from 0, then the groups' sums in turn,
-// so dweight / dbias have the finish kernel's bits. Its partials are read from L2 (__ldcg: written by
-// other CTAs, never cached in this SM's L1 by this kernel's earlier reads).
+// column's splits as layer_norm_bwd_dw_finish does (warp g's splits g, g + kLnFinishGroups, ... in
+// turn from 0, then the groups' sums in turn), so dweight / dbias have the finish kernel's bits. The
+// partials are read from L2 (__ldcg: other CTAs wrote them; no stale line in this SM's L1).
 template <class W>
 __device__ __forceinline__ void ln_finish_if_last(const LayerNormParams& p) {
     __shared__ int last;
