@@ -80,13 +80,6 @@ def kernel_names(dtype, res_dtype, w_dtype, threads: int, vector: bool, chunks: 
             f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {c}, {v}>")
 
 
-def finish_name(dtype, res_dtype, w_dtype, threads: int, vector: bool, chunks: int) -> str:
-    """The name expression of the fused backward whose last CTA sums the partials (kFinish; its own
-    module: LAST_CTA_FINISH)."""
-    e, r, w = _KERNEL_TYPES[dtype], _KERNEL_TYPES[res_dtype], _KERNEL_TYPES[w_dtype]
-    return f"cuflash::layer_norm_bwd<{e}, {r}, {w}, {threads}, {chunks}, {'true' if vector else 'false'}, true>"
-
-
 def module_shapes(n: int) -> list:
     """The (threads, chunks) of the modules a row of n loads: the forward's (and the two-pass
     backward's), then the fused backward's when it differs."""
@@ -160,13 +153,12 @@ def reference_backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, 
 # torch CUDA tensors: layer_norm.cu
 
 from .torch_ops import _raw_stream  # noqa: E402 - (device index) -> cudaStream_t
-from .launch import RecordPlan, StreamCounters, _stream_capturing  # noqa: E402 - the plans' launch steps
+from .launch import RecordPlan  # noqa: E402 - the plans' launch steps
 
 
 
 
-_PTRS = struct.Struct("<15Q")   # LayerNormParams' fifteen leading pointers, written per call
-_U64 = struct.Struct("<Q")      # its finish_counter (layer_norm_bwd<..., true>), written per call
+_PTRS = struct.Struct("<15Q")   # LayerNormParams' fifteen pointers, written per call
 _plans: dict = {}
 
 
@@ -187,7 +179,7 @@ def static_fields(rows, n, is_rms, h_from_res, splits, rows_per_split, eps, zero
     through _PTRS), the rest the plan's."""
     fields = dict.fromkeys(_POINTER_FIELDS, 0)
     fields.update(rows=rows, n=n, is_rms=int(is_rms), h_from_res=int(h_from_res), splits=splits,
-                  rows_per_split=rows_per_split, eps=eps, w_offset=1.0 if zero_centered else 0.0, finish_counter=0)
+                  rows_per_split=rows_per_split, eps=eps, w_offset=1.0 if zero_centered else 0.0)
     return fields
 
 
@@ -198,7 +190,7 @@ class _Plan(RecordPlan):
     PTRS = _PTRS
 
     def __init__(self, rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
-                 fused=False, finish=False):
+                 fused=False):
         from cupy_backends.cuda.api import driver
 
         from .launch import ParamsRecord, pack
@@ -210,9 +202,6 @@ class _Plan(RecordPlan):
         exprs = kernel_names(dtype, res_dtype, w_dtype, self.threads, vector, chunks)
         fns = compile_mod.get_helper_functions("layer_norm", exprs, self.device)
         self.fwd, self.bwd_dx, self.bwd_dw, self.finish, self.bwd = fns
-        if finish:   # _FinishPlan: the fused backward whose last CTA finishes, from its own module
-            name = finish_name(dtype, res_dtype, w_dtype, self.threads, vector, chunks)
-            self.bwd = compile_mod.get_helper_functions("layer_norm", (name,), self.device)[0]
         self.fused = fused = bool(fused)
         self.smem = fused_smem(self.threads, chunks) if fused else 0
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
@@ -239,48 +228,18 @@ class _Plan(RecordPlan):
                                                                    rows_per_split, eps, zero_centered)))
 
 
-class _FinishPlan(_Plan):
-    """A fused backward plan whose kernel is layer_norm_bwd<..., kFinish = true>: one launch, its
-    last CTA summing the partials; run() also writes the launch stream's finish counter (one zeroed
-    int per stream: launch.StreamCounters, made with the plan, so not during a CUDA-graph capture)."""
-    __slots__ = ("counters", "counter_at")
-
-    def __init__(self, *args):
-        super().__init__(*args, True, True)
-        from .launch import struct_dtype
-
-        self.counters = StreamCounters(1, self.device, "layer_norm_bwd (kFinish)")
-        self.counter_at = struct_dtype("LayerNormParams").fields["finish_counter"][1]
-
-    def run(self, ptrs, steps, stream):
-        counter = self.counters.address(stream)
-        with self.lock:   # RecordPlan.run, with the counter's address written too
-            self.PTRS.pack_into(self.rec.bytes, 0, *ptrs)
-            _U64.pack_into(self.rec.bytes, self.counter_at, counter)
-            current = self.get_device()
-            if current != self.device:
-                self.set_device(self.device)
-            try:
-                for fn, gx, gy, threads, smem in steps:
-                    self.launch(fn, gx, gy, 1, threads, 1, 1, smem, stream, self.rec.argv_ptr, 0)
-            finally:
-                if current != self.device:
-                    self.set_device(current)
-
-
 def _vector(n, *tensors) -> bool:
     return n % 8 == 0 and all(t is None or t.data_ptr() % 16 == 0 for t in tensors)
 
 
 def _plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res,
-          fused=False, finish=False):
-    """The plan of a call shape (finish: a _FinishPlan, fused)."""
+          fused=False):
     key = (rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res, CHUNKS,
-           BWD_CHUNKS, DW_CTAS_PER_SM, fused, finish)
+           BWD_CHUNKS, DW_CTAS_PER_SM, fused)
     plan = _plans.get(key)
     if plan is None:
-        args = (rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered, h_from_res)
-        plan = _plans[key] = _FinishPlan(*args) if finish else _Plan(*args, fused)
+        plan = _plans[key] = _Plan(rows, n, dtype, res_dtype, w_dtype, device, vector, is_rms, eps, zero_centered,
+                                   h_from_res, fused)
     return plan
 
 
@@ -377,12 +336,6 @@ ENTRY_LIMIT = 1024   # entries kept at most (emptied when full: the plans below 
 # them itself, as before. The buffer is the call's own (saved for its backward, never a tensor the
 # caller sees), so calls on several streams never share one.
 PARTIALS_WITH_STATS = 1 << 16
-# Such a call's fused backward (FUSED_DW) is one launch: layer_norm_bwd<..., kFinish = true>, whose
-# last CTA to finish sums the partials in layer_norm_bwd_dw_finish's order (the same bits), counted
-# in a zeroed int per stream (launch.StreamCounters) (issue 12, session 30: a launch is about 5 µs of
-# host time on the H200's). Its own module (one kernel), compiled on the first such call. False:
-# layer_norm_bwd_dw_finish is launched after layer_norm_bwd, as before.
-LAST_CTA_FINISH = True
 
 
 def _poison(*tensors) -> None:
@@ -398,8 +351,7 @@ class Entry:
     first use per access width (16-byte accesses or one element at a time), each with its launch
     steps."""
     __slots__ = ("rows", "n", "dtype", "res_dtype", "w_dtype", "device", "index", "is_rms", "eps", "zero_centered",
-                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "fin", "scratch",
-                 "stats_len")
+                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "scratch", "stats_len")
 
     def __init__(self, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype):
         self.n = n = x.shape[-1]
@@ -412,12 +364,11 @@ class Entry:
         # the backward's h: an fp32 residual_out is the forward's h exactly; else x + residual again
         self.h_from_res = self.write_res and res_dtype == torch.float32
         self.n8 = n % 8 == 0
-        self.fwd, self.bwd, self.fin = {}, {}, {}
+        self.fwd, self.bwd = {}, {}
         self.scratch = None   # forward's statistics nobody reads (keep_stats=False)
-        # the statistics buffer of a call autograd records: the means and rstds, then, when they fit
-        # (PARTIALS_WITH_STATS), room for the backward's partials
-        part = 2 * self.rows * n
-        self.stats_len = 2 * self.rows + (part if part <= PARTIALS_WITH_STATS else 0)
+        # the statistics buffer of a call autograd records: the means and rstds, then room for the
+        # backward's partials when they fit (PARTIALS_WITH_STATS)
+        self.stats_len = 2 * self.rows + (2 * self.rows * n if 0 < 2 * self.rows * n <= PARTIALS_WITH_STATS else 0)
 
     def _fwd_plan(self, vector):
         got = self.fwd.get(vector)
@@ -440,18 +391,6 @@ class Entry:
                 steps = ((plan.bwd_dx, self.rows, 1, plan.threads, 0),
                          (plan.bwd_dw, plan.dw_grid, plan.splits, _DW_THREADS, 0), finish)
             got = self.bwd[key] = (plan, steps)
-        return got
-
-    def _finish_plan(self, vector, stream):
-        """The fused backward in one launch (LAST_CTA_FINISH): (plan, steps), or None while the
-        stream captures a CUDA graph before the plan is made (its counters are zeroed when it is)."""
-        got = self.fin.get(vector)
-        if got is None:
-            if _stream_capturing(stream):
-                return None
-            plan = _plan(self.rows, self.n, self.dtype, self.res_dtype, self.w_dtype, self.device, vector, self.is_rms,
-                         0.0, self.zero_centered, self.h_from_res, True, True)
-            got = self.fin[vector] = (plan, ((plan.bwd, plan.splits, 1, plan.threads, plan.smem),))
         return got
 
     def forward(self, x, weight, bias, residual, keep_stats=True):
@@ -492,19 +431,14 @@ class Entry:
         rp = 0 if residual is None else residual.data_ptr()
         dop = 0 if dres_out is None else dres_out.data_ptr()
         drp = 0 if dres is None else dres.data_ptr()
-        vector = self.n8 and not (dyp | hp | wp | dxp | rp | dop | drp) & 15
-        plan, steps = self._bwd_plan(vector)
-        stream, sp = _raw_stream(self.index), stats.data_ptr()
-        if stats.numel() > 2 * self.rows and plan.splits <= self.rows:   # the forward's buffer has room
-            pp = sp + 8 * self.rows
-            if LAST_CTA_FINISH and FUSED_DW:
-                fin = self.fin.get(vector) or self._finish_plan(vector, stream)
-                if fin is not None:
-                    plan, steps = fin
+        plan, steps = self._bwd_plan(self.n8 and not (dyp | hp | wp | dxp | rp | dop | drp) & 15)
+        sp = stats.data_ptr()
+        if stats.numel() >= 2 * self.rows * (1 + self.n) and plan.splits <= self.rows:
+            pp = sp + 8 * self.rows   # the forward's buffer has room for them
         else:
             partials = torch.empty(plan.splits * 2 * self.n, dtype=torch.float32, device=self.device)
             pp = partials.data_ptr()
         hfr = self.h_from_res
         plan.run((0 if hfr else hp, rp, wp, 0, 0, hp if hfr else 0, sp, sp + 4 * self.rows, dyp, dop, dxp, drp, pp,
-                  dw.data_ptr(), 0 if db is None else db.data_ptr()), steps, stream)
+                  dw.data_ptr(), 0 if db is None else db.data_ptr()), steps, _raw_stream(self.index))
         return dx, dw, db, dres

@@ -28,9 +28,7 @@
 // alternative: layer_norm_bwd_dx (dx a row per CTA), then layer_norm_bwd_dw, each CTA 8 · kDwThreads
 // columns over rows_per_split rows (gridDim.y = splits). Both write dx through ln_bwd_row, one row's
 // code. layer_norm_bwd_dw_finish sums the splits
-// per column and rounds into W. layer_norm_bwd<..., kFinish = true> needs no finish launch: the
-// last of its CTAs to count itself done (p.finish_counter) sums the splits, in the finish kernel's
-// order (the same bits), so a small (host-bound) backward is one launch.
+// per column and rounds into W.
 //
 // Template parameters:
 //   Elem      bf16, fp16 or float: x, y, dy, dx
@@ -39,7 +37,6 @@
 //   kThreads  threads per CTA (a multiple of 32)
 //   kChunks   8-element chunks per thread
 //   kVector   16-byte accesses (see above)
-//   kFinish   layer_norm_bwd only: its last CTA sums the partials (no layer_norm_bwd_dw_finish launch)
 #include "ptx.cuh"
 #include "tile.cuh"
 #include "params_layer_norm.cuh"
@@ -299,50 +296,11 @@ layer_norm_bwd_dx(const LayerNormParams p) {
     ln_bwd_row<Elem, Res, W, kThreads, kChunks, kVector>(p, blockIdx.x, 1.f / static_cast<float>(p.n), red, none);
 }
 
-// layer_norm_bwd<..., kFinish = true>: after its partials, each CTA counts itself done in
-// p.finish_counter (the threadfence-reduction pattern: every thread's stores fenced GPU-wide before
-// the count, the count read before the other CTAs' partials); the last one sets the counter back to
-// 0 (for the next launch on the stream: the host keeps one zeroed counter per stream) and sums every
-// column's splits as layer_norm_bwd_dw_finish does (warp g's splits g, g + kLnFinishGroups, ... in
-// turn from 0, then the groups' sums in turn), so dweight / dbias have the finish kernel's bits. The
-// partials are read from L2 (__ldcg: other CTAs wrote them; no stale line in this SM's L1).
-template <class W>
-__device__ __forceinline__ void ln_finish_if_last(const LayerNormParams& p) {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();   // every thread's partials stored and fenced
-    if (threadIdx.x == 0) {
-        last = atomicAdd(p.finish_counter, 1) == static_cast<int>(gridDim.x) - 1;
-        if (last) *p.finish_counter = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const i64 stride = 2 * static_cast<i64>(p.n);
-#pragma unroll 1
-    for (int col = threadIdx.x; col < p.n; col += blockDim.x) {
-        const float* in = p.partials + col;
-        float dw = 0.f, db = 0.f;
-#pragma unroll 1
-        for (int g = 0; g < kLnFinishGroups; ++g) {
-            float gw = 0.f, gb = 0.f;
-            for (int s = g; s < p.splits; s += kLnFinishGroups) {
-                gw += __ldcg(in + s * stride);
-                if (p.dbias) gb += __ldcg(in + s * stride + p.n);
-            }
-            dw = g == 0 ? gw : dw + gw;
-            db = g == 0 ? gb : db + gb;
-        }
-        LnIO<W>::store1(p.dweight, col, dw);
-        if (p.dbias) LnIO<W>::store1(p.dbias, col, db);
-    }
-}
-
 // dx (and dresidual) and the dweight / dbias partials in one pass: CTA b takes rows b, b + gridDim.x,
 // ... (a row at a time, as layer_norm_bwd_dx) and keeps Σ dy · x̂ and Σ dy of its threads' columns
 // (a thread's columns are the same in every row) in LnColSums, written to partials[b] at the end
-// (splits = gridDim.x), so dy and h are read once. kFinish: then the last CTA sums the partials.
-template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector, bool kFinish = false>
+// (splits = gridDim.x), so dy and h are read once.
+template <class Elem, class Res, class W, int kThreads, int kChunks, bool kVector>
 __global__ void __launch_bounds__(kThreads)
 layer_norm_bwd(const LayerNormParams p) {
     __shared__ float red[kThreads / 32];
@@ -363,7 +321,6 @@ layer_norm_bwd(const LayerNormParams p) {
             }
         }
     }
-    if constexpr (kFinish) ln_finish_if_last<W>(p);
 }
 
 // Partial column sums Σ dy · x̂ and Σ dy over rows [blockIdx.y · rows_per_split, ...) for the

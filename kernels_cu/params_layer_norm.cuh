@@ -13,9 +13,6 @@ namespace cuflash {
 //   weight, bias, dweight, dbias : W, (n,)
 //   mean, rstd              : (rows,) fp32 (mean unused by RMSNorm)
 //   partials                : (splits, 2, n) fp32 backward workspace: per row split (or CTA) Σ dy·x̂, Σ dy
-//   finish_counter          : layer_norm_bwd<..., kFinish = true>'s count of its CTAs done, one int
-//                             per stream kept zeroed (the last CTA sets it back to 0); last in the struct,
-//                             so the other fields keep their offsets
 // The pointers come first: cuflash/layer_norm.py writes them per call; a null pointer is an
 // absent tensor.
 struct LayerNormParams {
@@ -42,7 +39,6 @@ struct LayerNormParams {
     int rows_per_split;
     float eps;
     float w_offset;           // 1 under zero_centered_weight (w = weight + 1), else 0
-    int* finish_counter;
 };
 
 }  // namespace cuflash

@@ -8,8 +8,7 @@
   variants of cuflash's: ``main`` (main's fast path before session 30: the public
   ``autograd.Function.apply`` and the backward's partials allocated apart); of RMSNorm:
   ``pubapply`` (``_EntryNormFn.apply``, the public ``autograd.Function.apply``, instead of the raw
-  C apply), ``twolaunch`` (``LAST_CTA_FINISH = False``: the finish kernel launched after the
-  fused backward, not summed by its last CTA), ``nolaunch`` (the plans' launches
+  C apply), ``nolaunch`` (the plans' launches
   stubbed: what the launches cost the host; the outputs are garbage);
 * probes of autograd itself: ``null`` (a Python ``autograd.Function`` that allocates its outputs
   and nothing else, raw and public apply; the same as a ``torch.library.custom_op`` with
@@ -23,10 +22,7 @@
 Then, per fwdbwd case, timestamps around one call: from ``autograd.grad``'s call to the
 backward's entry (the engine's hand-off to its device thread), the backward's own time, and
 from its exit to ``autograd.grad``'s return (medians of --stamps calls; torch's C++ nodes are
-stamped by Python hooks, which add their own cost). Last, the GPU time of one RMSNorm backward
-(``Entry.backward``, bf16) with its finish in the fused kernel's last CTA (``onelaunch``,
-LAST_CTA_FINISH) and launched apart (``twolaunch``): 50 calls in a CUDA graph, replays timed by
-CUDA events.
+stamped by Python hooks, which add their own cost).
 
     python tests/autograd_host_breakdown.py [--out breakdown.json] [--calls 200] [--rounds 9]
 """
@@ -152,8 +148,6 @@ def table(rows, n, dt):
         "fwdbwd rms cuflash nolaunch": (lambda: grad(ops.rms_norm_fn(xg, wg, None, eps=EPS), (xg, wg), dy),
                                         no_launch),
         "fwdbwd rms cuflash main": (lambda: grad(ops.rms_norm_fn(xg, wg, None, eps=EPS), (xg, wg), dy), as_main),
-        "fwdbwd rms cuflash twolaunch": (lambda: grad(ops.rms_norm_fn(xg, wg, None, eps=EPS), (xg, wg), dy),
-                                         lambda: swap(ln, "LAST_CTA_FINISH", False)),
         "fwdbwd rms torch": (lambda: grad(F.rms_norm(xg, (n,), wg, EPS), (xg, wg), dy), none),
         "fwdbwd ln cuflash": (lambda: grad(ops.layer_norm_fn(xg, wg, bg, eps=EPS), (xg, wg, bg), dy), none),
         "fwdbwd ln cuflash main": (lambda: grad(ops.layer_norm_fn(xg, wg, bg, eps=EPS), (xg, wg, bg), dy), as_main),
@@ -218,38 +212,6 @@ def attention_table():
     return out, (qg, kg, vg, do, qtg, ktg, vtg, dot)
 
 
-def gpu_us(rows, n, finish, calls=50, reps=7):
-    """GPU µs per RMSNorm backward (Entry.backward, bf16): ``calls`` of them captured in a CUDA graph,
-    its replays timed by CUDA events (the best of ``reps``): the kernels' time without the host's."""
-    g = torch.Generator(device="cuda").manual_seed(2)
-    x, dy = (torch.randn(rows, n, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
-    w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
-    entry = ln.Entry(x, w, None, None, EPS, True, False, torch.bfloat16)
-    _, _, stats = entry.forward(x, w, None, None)
-    with swap(ln, "LAST_CTA_FINISH", finish):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                entry.backward(dy, None, x, None, w, stats)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                entry.backward(dy, None, x, None, w, stats)
-    graph.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(reps):
-        e0.record()
-        graph.replay()
-        e1.record()
-        e1.synchronize()
-        best = min(best, e0.elapsed_time(e1) / calls * 1e3)
-    return round(best, 2), bool(entry.fin) == finish
-
-
 def stamps(make_out, leaves, dy, calls, cls=None):
     """Medians (µs) of: call -> backward entry, backward, backward exit -> return; cls: a Python
     autograd.Function whose backward is wrapped, else the output's grad_fn gets Python hooks."""
@@ -311,15 +273,10 @@ def main():
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             st["attn sdpa_flash (hooked)"] = stamps(
                 lambda: F.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True), (qtg, ktg, vtg), dot, a.stamps)
-    gpu = {}
-    for rows, n in ((8, 2048), (32, 1024), (2, 16384), (64, 2048)):
-        for finish in (True, False):
-            gpu[f"{rows}x{n} {'onelaunch' if finish else 'twolaunch'}"] = gpu_us(rows, n, finish)
     torch.cuda.synchronize()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": a.calls, "rounds": a.rounds,
            "host_us": {k: {"best": round(v[0], 2), "median": round(v[1], 2)} for k, v in res.items()},
-           "stamps_us": {k: dict(zip(("to_backward", "backward", "after_backward"), v)) for k, v in st.items()},
-           "bwd_gpu_us": {k: {"us": v[0], "plan_as_asked": v[1]} for k, v in gpu.items()}}
+           "stamps_us": {k: dict(zip(("to_backward", "backward", "after_backward"), v)) for k, v in st.items()}}
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"{out['device']}, torch {out['torch']}; host us per call, best / median of {a.rounds} rounds of "
@@ -329,9 +286,6 @@ def main():
     print(f"stamps, medians of {a.stamps} calls (us): call -> backward entry, backward, exit -> return")
     for k, v in out["stamps_us"].items():
         print(f"{k:34s} {v['to_backward']:8.2f} {v['backward']:8.2f} {v['after_backward']:8.2f}")
-    print("RMSNorm backward, GPU us per call (CUDA graph of 50, best of 7 replays), bf16; plan as asked")
-    for k, v in out["bwd_gpu_us"].items():
-        print(f"{k:34s} {v['us']:8.2f} {v['plan_as_asked']}")
 
 
 if __name__ == "__main__":

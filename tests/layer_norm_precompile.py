@@ -17,19 +17,15 @@ import helper_precompile  # noqa: E402 - tests/ (this script's folder) is on sys
 def modules() -> list:
     import torch
 
-    from cuflash.layer_norm import BWD_CHUNKS, finish_name, kernel_names
+    from cuflash.layer_norm import BWD_CHUNKS, kernel_names
 
     bf, fp, f32 = torch.bfloat16, torch.float16, torch.float32
     combos = [(bf, bf, bf), (bf, f32, bf), (bf, bf, f32), (fp, fp, fp), (fp, f32, fp), (fp, fp, f32), (f32, f32, f32)]
     shapes = [(32, False), (32, True), (64, True), (128, True), (160, True), (256, True), (384, True), (512, True)]
     # the fused backward's modules at BWD_CHUNKS (its threads at the tests' and the timing's widths)
     bwd = [(32, False), (64, False), (64, True), (128, True), (256, True), (288, True), (512, True)]
-    # the one-launch fused backward (LAST_CTA_FINISH: calls of at most PARTIALS_WITH_STATS / 2 elements), its own
-    # module: the tests' small calls (n 17, 1024, 2048) and the host timing's
-    fin = [(32, False), (64, True), (64, False), (128, True)]
     return list(dict.fromkeys([kernel_names(*c, t, v) for c in combos for t, v in shapes]
-                              + [kernel_names(*c, t, v, BWD_CHUNKS) for c in combos for t, v in bwd]
-                              + [(finish_name(*c, t, v, BWD_CHUNKS),) for c in combos for t, v in fin]))
+                              + [kernel_names(*c, t, v, BWD_CHUNKS) for c in combos for t, v in bwd]))
 
 
 def main():

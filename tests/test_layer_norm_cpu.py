@@ -189,7 +189,6 @@ def instantiations():
     for combo in ((bf, bf, bf), (bf, f32, f32), (f32, f32, f32)):   # the fused backward at BWD_CHUNKS
         for t in (64, 512):
             out += ln_kernels.kernel_names(*combo, t, True, ln_kernels.BWD_CHUNKS)
-            out.append(ln_kernels.finish_name(*combo, t, True, ln_kernels.BWD_CHUNKS))   # LAST_CTA_FINISH's
     return list(dict.fromkeys(out))
 
 
@@ -466,9 +465,8 @@ def test_fast_path_autograd(fake_gpu):
 @pytest.mark.parametrize("limit", [1 << 16, 0])
 def test_fast_path_partials_with_stats(fake_gpu, monkeypatch, limit):
     """A recorded call whose backward partials fit PARTIALS_WITH_STATS floats allocates them with its
-    statistics (one buffer: the 2 · rows means and rstds, the partials, the finish counter) and its
-    fused backward is one launch (LAST_CTA_FINISH); PARTIALS_WITH_STATS = 0 or a bigger call: the
-    backward allocates them apart and launches the finish kernel."""
+    statistics (one buffer, the partials after the 2 · rows means and rstds); PARTIALS_WITH_STATS = 0
+    or a bigger call: the backward allocates them apart."""
     monkeypatch.setattr(ln_kernels, "PARTIALS_WITH_STATS", limit)
     rows, n = 6, 64   # FakePlan.splits (4) <= rows
     for r, cols in ((rows, n), (rows, 8192)):
@@ -480,18 +478,6 @@ def test_fast_path_partials_with_stats(fake_gpu, monkeypatch, limit):
         assert ptrs[6:8] == fptrs[6:8] == (fptrs[6], fptrs[6] + 4 * r)
         inside = limit > 0 and 2 * r * cols <= limit
         assert (ptrs[12] == fptrs[6] + 8 * r) == inside
-        # LAST_CTA_FINISH: one launch, of the finish plan (_plan(..., fused, finish)), when inside
-        bwd_plan = fake_gpu[-1]
-        steps = bwd_plan.launches[-1][1]
-        assert (bwd_plan.args[-2:] == (True, True) and len(bwd_plan.args) == 13) == inside
-        assert [st[0] for st in steps] == ([bwd_plan.bwd] if inside else [bwd_plan.bwd, bwd_plan.finish])
-    monkeypatch.setattr(ln_kernels, "LAST_CTA_FINISH", False)   # the finish launched again; the same buffer
-    x, w = _bf(rows, n, grad=True), _bf(n, grad=True)
-    y = layer_norm_fn(x, w, None, is_rms_norm=True)
-    torch.autograd.grad(y, (x, w), torch.ones_like(y))
-    (bwd_plan,) = [p for p in fake_gpu if p.args[:2] == (rows, n) and len(p.args) == 12 and p.fused]
-    ptrs, steps = bwd_plan.launches[-1]
-    assert len(steps) == 2 and (ptrs[12] == ptrs[6] + 8 * rows) == (limit > 0)
 
 
 def test_fast_path_raw_apply(fake_gpu, monkeypatch):
