@@ -329,6 +329,13 @@ def backward(dy, dres_out, h, residual, weight, has_bias, mean, rstd, is_rms, ze
 
 entries: dict = {}   # layer_norm_fn's call key -> Entry
 ENTRY_LIMIT = 1024   # entries kept at most (emptied when full: the plans below them stay cached in _plans)
+# An entry whose backward's dweight / dbias partials (at most rows · 2 · n fp32: a backward has at
+# most one split per row) fit in this many floats allocates them with the forward's statistics, in
+# the one buffer the backward reads (issue 12, session 30: one torch.empty fewer per backward, about
+# 1.7 µs of host time on the H200's; a host-bound call is a small one). 0: the backward allocates
+# them itself, as before. The buffer is the call's own (saved for its backward, never a tensor the
+# caller sees), so calls on several streams never share one.
+PARTIALS_WITH_STATS = 1 << 16
 
 
 def _poison(*tensors) -> None:
@@ -344,7 +351,7 @@ class Entry:
     first use per access width (16-byte accesses or one element at a time), each with its launch
     steps."""
     __slots__ = ("rows", "n", "dtype", "res_dtype", "w_dtype", "device", "index", "is_rms", "eps", "zero_centered",
-                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "scratch")
+                 "write_res", "has_bias", "has_residual", "h_from_res", "n8", "fwd", "bwd", "scratch", "stats_len")
 
     def __init__(self, x, weight, bias, residual, eps, is_rms, zero_centered, res_dtype):
         self.n = n = x.shape[-1]
@@ -359,6 +366,9 @@ class Entry:
         self.n8 = n % 8 == 0
         self.fwd, self.bwd = {}, {}
         self.scratch = None   # forward's statistics nobody reads (keep_stats=False)
+        # the statistics buffer of a call autograd records: the means and rstds, then room for the
+        # backward's partials when they fit (PARTIALS_WITH_STATS)
+        self.stats_len = 2 * self.rows + (2 * self.rows * n if 0 < 2 * self.rows * n <= PARTIALS_WITH_STATS else 0)
 
     def _fwd_plan(self, vector):
         got = self.fwd.get(vector)
@@ -384,14 +394,15 @@ class Entry:
         return got
 
     def forward(self, x, weight, bias, residual, keep_stats=True):
-        """(y, residual_out or None, stats): x / residual contiguous in x's shape; stats (2 · rows,)
-        fp32, the rows' means then their rstds. keep_stats=False (no backward will read them): the
-        statistics go to the entry's scratch buffer, written by every such call and read by none (so
-        calls on several streams at once may share it), one allocation fewer per call."""
+        """(y, residual_out or None, stats): x / residual contiguous in x's shape; stats (stats_len,)
+        fp32, the rows' means then their rstds (then room for the backward's partials).
+        keep_stats=False (no backward will read them): the statistics go to the entry's scratch
+        buffer, written by every such call and read by none (so calls on several streams at once may
+        share it), one allocation fewer per call."""
         y = torch.empty_like(x)
         res_out = torch.empty_like(x, dtype=self.res_dtype) if self.write_res else None
         if keep_stats:
-            stats = torch.empty(2 * self.rows, dtype=torch.float32, device=self.device)
+            stats = torch.empty(self.stats_len, dtype=torch.float32, device=self.device)
         else:
             stats = self.scratch
             if stats is None:
@@ -421,10 +432,13 @@ class Entry:
         dop = 0 if dres_out is None else dres_out.data_ptr()
         drp = 0 if dres is None else dres.data_ptr()
         plan, steps = self._bwd_plan(self.n8 and not (dyp | hp | wp | dxp | rp | dop | drp) & 15)
-        partials = torch.empty(plan.splits * 2 * self.n, dtype=torch.float32, device=self.device)
         sp = stats.data_ptr()
+        if stats.numel() >= 2 * self.rows * (1 + self.n) and plan.splits <= self.rows:
+            pp = sp + 8 * self.rows   # the forward's buffer has room for them
+        else:
+            partials = torch.empty(plan.splits * 2 * self.n, dtype=torch.float32, device=self.device)
+            pp = partials.data_ptr()
         hfr = self.h_from_res
-        plan.run((0 if hfr else hp, rp, wp, 0, 0, hp if hfr else 0, sp, sp + 4 * self.rows, dyp, dop, dxp, drp,
-                  partials.data_ptr(), dw.data_ptr(), 0 if db is None else db.data_ptr()), steps,
-                 _raw_stream(self.index))
+        plan.run((0 if hfr else hp, rp, wp, 0, 0, hp if hfr else 0, sp, sp + 4 * self.rows, dyp, dop, dxp, drp, pp,
+                  dw.data_ptr(), 0 if db is None else db.data_ptr()), steps, _raw_stream(self.index))
         return dx, dw, db, dres

@@ -462,6 +462,45 @@ def test_fast_path_autograd(fake_gpu):
     assert ptrs[10] == gx.data_ptr() and ptrs[11] == gr.data_ptr() and ptrs[13:] == (gw.data_ptr(), gb.data_ptr())
 
 
+@pytest.mark.parametrize("limit", [1 << 16, 0])
+def test_fast_path_partials_with_stats(fake_gpu, monkeypatch, limit):
+    """A recorded call whose backward partials fit PARTIALS_WITH_STATS floats allocates them with its
+    statistics (one buffer, the partials after the 2 · rows means and rstds); PARTIALS_WITH_STATS = 0
+    or a bigger call: the backward allocates them apart."""
+    monkeypatch.setattr(ln_kernels, "PARTIALS_WITH_STATS", limit)
+    rows, n = 6, 64   # FakePlan.splits (4) <= rows
+    for r, cols in ((rows, n), (rows, 8192)):
+        x, w = _bf(r, cols, grad=True), _bf(cols, grad=True)
+        y = layer_norm_fn(x, w, None, is_rms_norm=True)
+        fptrs, _ = fake_gpu[-1].launches[-1]
+        torch.autograd.grad(y, (x, w), torch.ones_like(y))
+        ptrs, _ = fake_gpu[-1].launches[-1]
+        assert ptrs[6:8] == fptrs[6:8] == (fptrs[6], fptrs[6] + 4 * r)
+        inside = limit > 0 and 2 * r * cols <= limit
+        assert (ptrs[12] == fptrs[6] + 8 * r) == inside
+
+
+def test_fast_path_raw_apply(fake_gpu, monkeypatch):
+    """The recorded fast path applies _EntryNormFn through the raw C apply (ops._entry_apply), not
+    autograd.Function.apply's Python wrapper; with ops._entry_apply None (another torch) the public
+    apply runs; both give the same launches and gradients' shapes."""
+    assert ops._entry_apply is not None
+    public = []
+    real = ops._EntryNormFn.apply
+    monkeypatch.setattr(ops._EntryNormFn, "apply", lambda *a: public.append(1) or real(*a))
+    x, w, r = _bf(3, 64, grad=True), _bf(64, grad=True), _bf(3, 64)
+    got = []
+    for raw in (True, False):
+        if not raw:
+            monkeypatch.setattr(ops, "_entry_apply", None)
+        for _ in range(2):   # the first call makes the entry; the second is a repeat call
+            y, res = layer_norm_fn(x, w, None, residual=r, prenorm=True, is_rms_norm=True)
+        assert len(public) == (0 if raw else 2)
+        gx, gw = torch.autograd.grad((y, res), (x, w), (torch.ones_like(y), torch.ones_like(res)))
+        got.append((y.grad_fn.__class__.__name__, gx.shape, gw.shape))
+    assert got[0] == got[1] and got[0][0] == "_EntryNormFnBackward"
+
+
 def test_fast_path_off(fake_gpu, monkeypatch):
     """EAGER_CACHE = False: the checked route, no entry; a kernel-directory change drops the entries."""
     x, w = _bf(4, 64), _bf(64)

@@ -192,16 +192,19 @@ def test_compiled():
     assert torch.equal(y, y2) and torch.equal(gx, gx2) and torch.equal(gw, gw2)
 
 
+@pytest.mark.parametrize("rows", [37, 6])
 @pytest.mark.parametrize("case", ["plain", "prenorm", "prenorm_fp32", "res_fp32_prenorm"])
 @pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
-def test_fast_path_is_the_checked_route(monkeypatch, rms, case):
+def test_fast_path_is_the_checked_route(monkeypatch, rms, case, rows):
     """The eager fast path (a cached cuflash.layer_norm.Entry, no checks; the first call makes it,
     the second reuses it) gives what the checked route (EAGER_CACHE = False: _FusedNormFn /
     cuflash.layer_norm.forward / backward) gives, bit for bit, forward and gradients, with and
-    without autograd; a misaligned x (a view one element in) takes one-element accesses."""
+    without autograd; a misaligned x (a view one element in) takes one-element accesses. 6 rows:
+    the backward's partials in the forward's statistics buffer (PARTIALS_WITH_STATS); 37: apart."""
     torch.manual_seed(11)
     kw = CASES[case]
-    n, rows = 2048, 37
+    n = 2048
+    assert (2 * rows * n <= ln_kernels.PARTIALS_WITH_STATS) == (rows == 6)
     dt = torch.bfloat16
     leaves = inputs(dt, dt, n, rows, not rms, kw.get("residual", False))
     opts = dict(prenorm=kw.get("prenorm", False), residual_in_fp32=kw.get("residual_in_fp32", False),
@@ -235,6 +238,34 @@ def test_fast_path_is_the_checked_route(monkeypatch, rms, case):
     want = layer_norm_fn(leaves[0], *leaves[1:3], residual=leaves[3], **opts)
     for a, b in zip(got if opts["prenorm"] else [got], want if opts["prenorm"] else [want]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "ln"])
+def test_fast_path_raw_apply_is_the_public_apply(monkeypatch, rms):
+    """The fast path's node applied through the raw C apply (ops._entry_apply, the default) gives the
+    bits of autograd.Function.apply's (ops._entry_apply None): outputs and gradients, prenorm with a
+    residual, and through torch.autograd.grad and .backward()."""
+    torch.manual_seed(13)
+    n, rows, dt = 2048, 6, torch.bfloat16
+    leaves = inputs(dt, dt, n, rows, not rms, True)
+    dy, dres = torch.randn(rows, n, device="cuda").to(dt), torch.randn(rows, n, device="cuda").to(dt)
+
+    def go():
+        x, w, b, r = [t.detach().clone().requires_grad_(True) if t is not None else None for t in leaves]
+        y, res = layer_norm_fn(x, w, b, residual=r, prenorm=True, is_rms_norm=rms)
+        ts = [t for t in (x, w, b, r) if t is not None]
+        grads = torch.autograd.grad((y, res), ts, (dy, dres), retain_graph=True)
+        y.backward(dy)
+        return [y.detach(), res.detach(), *grads, *(t.grad for t in ts)]
+
+    ln_kernels.entries.clear()
+    go()
+    raw = go()
+    monkeypatch.setattr(ops, "_entry_apply", None)
+    public = go()
+    assert len(raw) == len(public)
+    for a, b in zip(raw, public):
+        assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_cuda_graph_replay():

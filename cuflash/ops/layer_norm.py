@@ -246,6 +246,17 @@ class _EntryNormFn(torch.autograd.Function):
         return None, dx, dw, db, dresid
 
 
+# _EntryNormFn.apply without its Python wrapper (autograd.Function.apply, which outside functorch
+# transforms only unwraps dead functorch wrappers before this call), as torch_ops._fn_apply: the
+# eager fast path's recorded forward (issue 12, session 30: host µs per call). None: the public apply.
+try:
+    _entry_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EntryNormFn)
+    _functorch_active = torch._C._are_functorch_transforms_active
+    _unwrap_dead = torch._C._functorch.unwrap_if_dead
+except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
+    _entry_apply = None
+
+
 def _fast_call(entry, x, weight, bias, residual, prenorm):
     """A repeat call of a cached key (layer_norm_fn's fast path): y, or (y, residual_out)
     (residual_out is x itself when the entry writes none, as flash-attn returns it)."""
@@ -254,7 +265,14 @@ def _fast_call(entry, x, weight, bias, residual, prenorm):
         residual = residual.contiguous()
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias is not None and bias.requires_grad
                                     or residual is not None and residual.requires_grad):
-        out = _EntryNormFn.apply(entry, x, weight.contiguous(), None if bias is None else bias.contiguous(), residual)
+        weight = weight.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        if _entry_apply is not None and not _functorch_active():
+            out = _entry_apply(entry, _unwrap_dead(x), _unwrap_dead(weight),
+                               None if bias is None else _unwrap_dead(bias),
+                               None if residual is None else _unwrap_dead(residual))
+        else:
+            out = _EntryNormFn.apply(entry, x, weight, bias, residual)
         y, res = out if entry.write_res else (out, None)
     else:
         y, res, _ = entry.forward(x, weight.contiguous(), None if bias is None else bias.contiguous(), residual, False)
