@@ -45,6 +45,8 @@ import decode_tma_timing as dt  # noqa: E402  (its caches, graphs and replay tim
 dt.CELLS.setdefault("1x16k", (1, 16384, 1))   # between the rule's 8k and the measured 32k
 dt.CELLS.setdefault("1x4k", (1, 4096, 1))
 dt.CELLS.setdefault("8x64k", (8, 65536, 1))
+dt.CELLS.setdefault("32x64k", (32, 65536, 1))   # issue 13's batch-32 row
+dt.CELLS.setdefault("64x64k", (64, 65536, 1))
 CELLS = ("1x8k", "1x32k", "1x64k", "1x128k")
 TOL = 1.6e-2
 
@@ -102,10 +104,16 @@ def problem_for(cell: str):
 
 
 def all_configs(cells, variants) -> list:
+    """Every config the cells' records load, with the cluster-pair kernel the heuristic's 2-split call switches
+    to (DecodeSplitKV.pair_cluster, decided per call: else it compiles inside the timing)."""
+    from cuflash.registry import get
+
+    fam = get("decode_splitkv")
     out = []
     for cell in cells:
         p = problem_for(cell)
-        out.append(dt.proposal_config({}, p, 0).replace(splits=0))
+        heur = dt.proposal_config({}, p, 0)   # the heuristic record's call may pair it; a variant's config call does not
+        out += [heur.replace(splits=0), fam.pair_cluster(heur, p, heur.splits).replace(splits=0)]
         out += [variant_config(v, p).replace(splits=0) for v in variants]
     return list(dict.fromkeys(out))
 
