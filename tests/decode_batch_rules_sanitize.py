@@ -1,7 +1,7 @@
 """The large-batch device rules' decode calls (session 30, issue 13: decode_splitkv_regs at 4 warps, fixed split
 counts) for compute-sanitizer; not a test. Each rule of tests/test_decode_batch_rules_gpu.py's RULE_SETS is
-installed (cuflash.select.device_rules replaced) and runs batch 4 (8200, 0, 1, 4097 keys) and batch 3 (8192,
-8191, 100), contiguous, 32:8 heads, d 128, bf16, each twice (the second call finds the counters reset).
+installed (cuflash.select.device_rules replaced) and runs batch 4 (8200, 0, 1, 4097 keys), batch 3 (8192,
+8191, 100) and batch 3 (4096, 0, 4095), contiguous, 32:8 heads, d 128, bf16, each twice (the second call finds the counters reset).
 
     compute-sanitizer --tool memcheck python tests/decode_batch_rules_sanitize.py
 """
@@ -26,7 +26,7 @@ def main():
         rule = select.Rule(family="decode_splitkv", set=dict(params), match={"paged": False, "batch": [2, None]})
         select.device_rules = lambda family, *a, _r=rule, **k: [(_r, pathlib.Path("sanitize_rule.yaml"))]
         decode._drop_gpu_plans()
-        for lens in ([8200, 0, 1, 4097], [8192, 8191, 100]):
+        for lens in ([8200, 0, 1, 4097], [8192, 8191, 100], [4096, 0, 4095]):
             b, cap = len(lens), max(lens)
             q = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
             kc, vc = (torch.randn(b, cap, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -32,7 +32,8 @@ RULE_SETS = SHIPPED_SETS + [{"regs_warps": 4}, {"regs_warps": 4, "splits": 2}, {
                             {"splits": 4}, {"splits": 6}]
 # (batch, lens, nheads, nheads_kv): contiguous, d 128, bf16, one query row, GQA 4 (the rules' group); capacity =
 # max(lens); 8:2 heads keep the float64 reference quick (the kernels' work per (batch, KV head) is the same)
-CASES = [(3, [8192, 0, 8191], 8, 2), (4, [9000, 1, 17, 8193], 8, 2), (2, [8200, 4097], 32, 8)]
+CASES = [(3, [8192, 0, 8191], 8, 2), (4, [9000, 1, 17, 8193], 8, 2), (2, [8200, 4097], 32, 8),
+         (3, [4096, 0, 4095], 8, 2)]   # 4k: below REGS_SHAPE_RULES' 8k (no interleave, no early prefetch)
 
 
 def _set_id(s):
@@ -47,13 +48,14 @@ def _rule(monkeypatch, params):
     monkeypatch.setattr(decode, "_gpu_plans", {})
 
 
-def _ran(params):
+def _ran(params, capacity=8192):
     plans = [e.plan for e in decode._gpu_plans.values() if e.plan is not None]
     assert plans, "no plan"
     for p in plans:
         cfg = p.config
         assert cfg.regs and cfg.warps == params.get("regs_warps", fam_mod.REGS_WARPS), cfg.name
-        assert cfg.regs_order == 1 and cfg.regs_prefetch, cfg.name   # REGS_SHAPE_RULES kept under the rule
+        shape_rule = capacity >= 8192   # REGS_SHAPE_RULES (from 8k keys) kept under the rule
+        assert (cfg.regs_order == 1 and cfg.regs_prefetch) == shape_rule, cfg.name
         if "splits" in params:
             assert cfg.splits == params["splits"], cfg.name
 
@@ -73,7 +75,7 @@ def test_batch_rule(monkeypatch, case, params):
     again = flash_attn_with_kvcache(**args)
     torch.cuda.synchronize()
     assert torch.equal(first, again), "a second call differs (the split counters not back at 0?)"
-    _ran(params)
+    _ran(params, max(lens))
 
 
 @pytest.mark.parametrize("params", SHIPPED_SETS, ids=_set_id)
