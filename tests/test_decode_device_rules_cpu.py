@@ -185,8 +185,8 @@ def test_shipped_h200_batch_rules():
         assert (cfg.regs, cfg.warps, cfg.splits) == (6, 8, 3), cfg.name
     for b, ctx in ((32, 8192), (64, 4096), (32, 65536), (32, 131072)):
         assert choose(b, ctx, H100) == choose(b, ctx, "")
-    untouched = [(16, 8192, {}), (32, 2048, {}), (32, 16384, {}), (32, 32768, {}), (64, 65536, {}), (64, 131072, {}), (8, 131072, {}),
-                 (32, 8192, {"heads": (32, 32)}), (32, 8192, {"heads": (64, 8)})]
+    untouched = [(16, 8192, {}), (32, 2048, {}), (32, 16384, {}), (32, 32768, {}), (64, 65536, {}), (64, 131072, {}),
+                 (8, 131072, {}), (32, 8192, {"heads": (32, 32)}), (32, 8192, {"heads": (64, 8)})]
     for b, ctx, kw in untouched:
         assert choose(b, ctx, H200, **kw) == choose(b, ctx, "", **kw), (b, ctx, kw)
     paged = choose(32, 8192, H200, paged=True)
