@@ -45,6 +45,12 @@ import decode_tma_timing as dt  # noqa: E402  (its caches, graphs and replay tim
 dt.CELLS.setdefault("1x16k", (1, 16384, 1))   # between the rule's 8k and the measured 32k
 dt.CELLS.setdefault("1x4k", (1, 4096, 1))
 dt.CELLS.setdefault("8x64k", (8, 65536, 1))
+dt.CELLS.setdefault("32x64k", (32, 65536, 1))   # issue 13's batch-32 row
+dt.CELLS.setdefault("64x64k", (64, 65536, 1))
+dt.CELLS.setdefault("32x16k", (32, 16384, 1))
+dt.CELLS.setdefault("64x16k", (64, 16384, 1))
+dt.CELLS.setdefault("32x4k", (32, 4096, 1))
+dt.CELLS.setdefault("64x4k", (64, 4096, 1))
 CELLS = ("1x8k", "1x32k", "1x64k", "1x128k")
 TOL = 1.6e-2
 
@@ -102,12 +108,33 @@ def problem_for(cell: str):
 
 
 def all_configs(cells, variants) -> list:
+    """Every config the cells' records load, with the cluster-pair kernel the heuristic's 2-split call switches
+    to (DecodeSplitKV.pair_cluster, decided per call: else it compiles inside the timing)."""
+    from cuflash.registry import get
+
+    fam = get("decode_splitkv")
     out = []
     for cell in cells:
         p = problem_for(cell)
-        out.append(dt.proposal_config({}, p, 0).replace(splits=0))
+        heur = dt.proposal_config({}, p, 0)   # the heuristic record's call may pair it; a variant's config call does not
+        out += [heur.replace(splits=0), fam.pair_cluster(heur, p, heur.splits).replace(splits=0)]
+        device = device_config(p)             # this GPU's choice (its tuned table's device rules)
+        if device is not None:
+            out.append(device.replace(splits=0))
         out += [variant_config(v, p).replace(splits=0) for v in variants]
     return list(dict.fromkeys(out))
+
+
+def device_config(problem):
+    """The config flash_attn_with_kvcache runs for ``problem`` on GPU 0 (cuflash.decode.call_config: the tuned
+    table's device rules, the split count, the pair), or None without a GPU."""
+    from cuflash import _gpu
+
+    if not _gpu.available():
+        return None
+    from cuflash.decode import call_config
+
+    return call_config(problem, 0, 0, 0)[1]
 
 
 def jobs_for(cell, variants, sets, seqlens, sms):
@@ -117,7 +144,7 @@ def jobs_for(cell, variants, sets, seqlens, sms):
     batch, ctx, _ = dt.CELLS[cell]
     p = problem_for(cell)
     jobs = [(impl, "", "", [dt.sdpa_fn(impl, q, kc, vc) for q, kc, vc, _ in sets]) for impl in ("sdpa_flash", "sdpa_cudnn")]
-    heur_cfg = dt.proposal_config({}, p, 0, sms=sms)
+    heur_cfg = device_config(p) or dt.proposal_config({}, p, 0, sms=sms)   # as the call runs it (device rules)
     jobs.append(("heuristic", heur_cfg.name, heur_cfg.splits,
                  [lambda q=q, kc=kc, vc=vc: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
                   for q, kc, vc, _ in sets]))

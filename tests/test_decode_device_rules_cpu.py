@@ -159,5 +159,35 @@ def test_shipped_h200_paged_rule(monkeypatch):
     monkeypatch.setattr(mod, "REGS_SHAPE_RULES", contiguous_rules)
     for s in shapes:
         assert h200[s][0] == choose(*s, True, H100), (s, h200[s][0].name)
-        assert h200[s][1] == choose(*s, False, H100), s
+        if s != (32, 8192):   # contiguous 32 x 8k: the H200's 4-warp rule (test_shipped_h200_batch_rules)
+            assert h200[s][1] == choose(*s, False, H100), s
         assert not h200[s][0].regs_page_table and not h200[s][0].regs_prefetch, s
+
+
+def test_shipped_h200_batch_rules():
+    """The H200's contiguous large-batch rules (session 30, issue 13): batch 32-64 at 4k-8k keys run 4 warps at 1
+    split (two CTAs per SM), batch 32 from 64k keys 3 splits; neighbouring shapes, other head layouts, paged caches
+    and the H100 keep the arch heuristic's config."""
+    select.clear_cache()
+
+    def choose(b, ctx, gpu, paged=False, heads=(32, 8)):
+        p = Problem("decode", "bf16", b, 1, ctx, heads[0], heads[1], 128, False, False,
+                    ("paged_kv",) if paged else ())
+        return select.choose(p, CC, gpu, SMEM, family="decode_splitkv")[1]
+
+    for b in (32, 64):
+        cfg = choose(b, 8192, H200)
+        assert (cfg.regs, cfg.warps, cfg.splits, cfg.regs_order, cfg.regs_prefetch) == (6, 4, 1, 1, True), cfg.name
+        cfg = choose(b, 4096, H200)   # below REGS_SHAPE_RULES' 8k keys: no interleave / early prefetch
+        assert (cfg.regs, cfg.warps, cfg.splits, cfg.regs_order, cfg.regs_prefetch) == (6, 4, 1, 0, False), cfg.name
+    for ctx in (65536, 131072):
+        cfg = choose(32, ctx, H200)
+        assert (cfg.regs, cfg.warps, cfg.splits) == (6, 8, 3), cfg.name
+    for b, ctx in ((32, 8192), (64, 4096), (32, 65536), (32, 131072)):
+        assert choose(b, ctx, H100) == choose(b, ctx, "")
+    untouched = [(16, 8192, {}), (32, 2048, {}), (32, 16384, {}), (32, 32768, {}), (64, 65536, {}), (64, 131072, {}),
+                 (8, 131072, {}), (32, 8192, {"heads": (32, 32)}), (32, 8192, {"heads": (64, 8)})]
+    for b, ctx, kw in untouched:
+        assert choose(b, ctx, H200, **kw) == choose(b, ctx, "", **kw), (b, ctx, kw)
+    paged = choose(32, 8192, H200, paged=True)
+    assert paged.warps == 8 and not paged.splits, paged.name
