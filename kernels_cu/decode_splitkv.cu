@@ -1699,17 +1699,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              the stream's previous kernel may write the cache (decode_append, or the caller's own kernel).
 //              2: as 1, and the early loads' and Q's addresses (parameters only) are computed before that wait
 //              (computed_before), so with kPdl the loads follow the wait at once
-//   kPageAhead (paged caches; 0: none) a window of page ids per warp: lane l holds the ids of tile l % kTiles of
-//              the warp's (l / kTiles)-th block of the window (32 / kTiles blocks), read in one round trip, and
-//              each block takes its ids from the window by shuffles, so no block's loads wait on a table read
-//              queued behind the previous block's loads (the window is read again after its last block; a block
-//              past the row's end reads its clamped ids from the table as without). 1: the first window after
-//              cache_seqlens arrives; 2: as 1, and the first window is read before that, for the blocks of a row
-//              as long as the capacity (no cache_leftpad), kept where the split's blocks turn out the same
+//   kPageShift (paged caches; 0: none) the page size is a power of two (the host checks): a position's page index
+//              is a shift instead of a signed division by p.page_size (each a reciprocal and its fix-ups)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
           int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0, int kSpec = 0,
-          int kPageAhead = 0>
+          int kPageShift = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1732,7 +1727,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
                   "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
     static_assert(kSpec == 0 || ((kSpec == 1 || kSpec == 2) && kOrder == 2), "kSpec: 0 (none), 1 or 2, with kOrder 2");
-    static_assert(kPageAhead >= 0 && kPageAhead <= 2, "kPageAhead: 0 (none), 1 or 2");
+    static_assert(kPageShift == 0 || kPageShift == 1, "kPageShift: 0 (none) or 1");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1917,38 +1912,9 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     }
     if constexpr (kSpec > 0) load_q_early();   // Q too before the length's read (kSpec: ordered after these loads)
-    // kPageAhead: this lane's ids in the warp's window of page ids, tile lane % kTiles of the window's
-    // (lane / kTiles)-th block: the pages of the tile's first key (win_a) and of its last (win_b, where they
-    // differ; else 0)
-    constexpr int kWin = 32 / kTiles;   // blocks per window
-    int win_a = 0, win_b = 0;
-    // window w of the run of blocks base, base + step, ... of a row whose keys start at `start`; the
-    // table's index clamped into the row (a block past it: ids never used)
-    auto read_window = [&](int w, int base, int step, int start) {
-        const int tile = lane % kTiles, n = base + step * (w * kWin + lane / kTiles);
-        const int pos0 = start + n * kBlockN + warp * kWarpN + 16 * tile;
-        const int top = static_cast<int>(p.block_table_stride) - 1;
-        const int pg0 = min(max(pos0 / p.page_size, 0), top), pg1 = min(max((pos0 + 15) / p.page_size, 0), top);
-        const int* row = p.block_table + b * p.block_table_stride;
-        win_a = row[pg0];
-        win_b = pg1 != pg0 ? row[pg1] : 0;
-    };
-    // kPageAhead 2: the first window before cache_seqlens is read, for a row of p.capacity keys from 0 (its
-    // split's first block `win_base`; kept below where the row's real blocks start there)
-    bool win_early = false;
-    int win_base = 0;
-    if constexpr (kPageAhead == 2) {
-        if (p.block_table && !p.cache_leftpad) {
-            if constexpr (kOrder == 0) {
-                const int nb = (p.capacity + kBlockN - 1) / kBlockN, per = (nb + p.num_splits - 1) / p.num_splits;
-                win_base = min(nb, (split + 1) * per) - 1;
-            } else {
-                win_base = split;
-            }
-            read_window(0, win_base, kOrder ? p.num_splits : -1, 0);
-            win_early = true;
-        }
-    }
+    // the page index of cache position pos >= 0 (kPageShift: a power-of-two page size, by a shift)
+    const int page_shift = kPageShift ? __ffs(p.page_size) - 1 : 0;
+    auto page_index = [&](int pos) { return kPageShift ? pos >> page_shift : pos / p.page_size; };
     // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
     int row_ids[kIdsPerThread];
     const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
@@ -2042,8 +2008,8 @@ decode_splitkv_regs(const DecodeParams p) {
             } else {
                 const int first = kOrder ? n_first : n_begin, stop = kOrder ? n_stop : n_end;
                 if (stop > first) {
-                    const int pg_hi = (rk.start + min(stop * kBlockN, keys) - 1) / p.page_size;
-                    ids_lo = max((rk.start + first * kBlockN) / p.page_size, pg_hi - kPageIds + 1);
+                    const int pg_hi = page_index(rk.start + min(stop * kBlockN, keys) - 1);
+                    ids_lo = max(page_index(rk.start + first * kBlockN), pg_hi - kPageIds + 1);
                     ids_n = pg_hi - ids_lo + 1;
                     const int* row = p.block_table + b * p.block_table_stride + ids_lo;
 #pragma unroll
@@ -2084,34 +2050,10 @@ decode_splitkv_regs(const DecodeParams p) {
         for (int tile = 0; tile < kTiles; ++tile) {
             const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
             const int pos0 = rk.start + min(key0, last_key), pos1 = rk.start + min(key0 + 15, last_key);
-            const int pg0 = pos0 / p.page_size, pg1 = pos1 / p.page_size;
+            const int pg0 = page_index(pos0), pg1 = page_index(pos1);
             page_first[tile] = pg0 * p.page_size;
             page_a[tile] = page_id(table, pg0);
             page_b[tile] = page_id(table, pg1);
-        }
-    };
-    // the next block's page ids: block n, the page_i-th of the split's run (kPageAhead: from the window by
-    // shuffles, warp-uniform; a block past the row's end by fetch_pages, clamped as without)
-    int page_i = 0;
-    const int win_step = kOrder ? p.num_splits : -1, run_base = kOrder ? n_first : n_end - 1;
-    const bool win_kept = win_early && rk.start == 0 && run_base == win_base;
-    auto next_pages = [&](int n) {
-        if constexpr (kPageAhead > 0) {
-            const int i = page_i++;
-            if (i % kWin == 0 && !(i == 0 && win_kept)) read_window(i / kWin, run_base, win_step, rk.start);
-            if ((n + 1) * kBlockN > keys) {
-                fetch_pages(n);
-                return;
-            }
-#pragma unroll
-            for (int tile = 0; tile < kTiles; ++tile) {
-                const int src = (i % kWin) * kTiles + tile;
-                page_a[tile] = __shfl_sync(0xffffffffu, win_a, src);
-                page_b[tile] = __shfl_sync(0xffffffffu, win_b, src);
-                page_first[tile] = (rk.start + n * kBlockN + warp * kWarpN + 16 * tile) / p.page_size * p.page_size;
-            }
-        } else {
-            fetch_pages(n);
         }
     };
     // the cache offsets (k, v) of the tile's key k (0..15)
@@ -2204,9 +2146,9 @@ decode_splitkv_regs(const DecodeParams p) {
             }
         }
         if constexpr (kOrder == 0) {
-            if (paged && n - 1 >= n_begin) next_pages(n - 1);
+            if (paged && n - 1 >= n_begin) fetch_pages(n - 1);
         } else {
-            if (paged && n + p.num_splits < n_stop) next_pages(n + p.num_splits);
+            if (paged && n + p.num_splits < n_stop) fetch_pages(n + p.num_splits);
         }
     };
 
@@ -2331,7 +2273,7 @@ decode_splitkv_regs(const DecodeParams p) {
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
             const int key = n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
-            const int pos = rk.start + min(key, last_key), pg = pos / p.page_size;
+            const int pos = rk.start + min(key, last_key), pg = page_index(pos);
             const int id = min(max(page_id(table, pg), 0), p.num_pages - 1);
             const i64 row = pos - pg * p.page_size;
             prefetch_l1(k_head + id * p.k_batch_stride + row * p.k_row_stride + 64 * (lane % kLines));
@@ -2346,7 +2288,7 @@ decode_splitkv_regs(const DecodeParams p) {
     const int n_plain = kStaged > 0 && !paged ? 0 : n_iters;
     if constexpr (kOrder == 0) {
         if (n_plain > 0) {
-            if (paged) next_pages(n_end - 1);
+            if (paged) fetch_pages(n_end - 1);
             if constexpr (kAhead > 2) {  // iterations 2 .. kAhead - 1 (the loads of 0 and 1 prefetch kAhead on)
 #pragma unroll
                 for (int i = 2; i < kAhead; ++i) prefetch_block(n_end - 1 - i);
@@ -2364,7 +2306,7 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     } else {
         if (n_plain > 0) {
-            if (paged) next_pages(n_first);
+            if (paged) fetch_pages(n_first);
             if constexpr (kAhead > 2) {
 #pragma unroll
                 for (int i = 2; i < kAhead; ++i) prefetch_block(n_first + i * p.num_splits);

@@ -530,8 +530,6 @@ def regs_options(cfg, problem: Problem, hint: bool = True):
                 if blocks:
                     cfg = cfg.replace(regs_prefetch=True, regs_prefetch_blocks=blocks)
                 break
-    if REGS_PAGE_AHEAD_DEFAULT and paged:
-        cfg = cfg.replace(regs_page_ahead=REGS_PAGE_AHEAD_DEFAULT)
     if not (cfg.regs_ahead or cfg.regs_order == 2):   # see REGS_STAGED_RULES
         if REGS_STAGED_DEFAULT:
             cfg = cfg.replace(regs_staged=REGS_STAGED_DEFAULT)
@@ -579,11 +577,12 @@ REGS_STAGED_RULES: tuple = ()
 # wait for the length's round trip as the plain ones do (sm_90a SASS of the 1 x 8k config, session 28).
 # REGS_SPEC_DEFAULT: every regs call of regs_order 2 (after the rules; tests), 0: none.
 REGS_SPEC_DEFAULT = 0
-# regs_page_ahead (decode_splitkv_regs' kPageAhead, paged caches): each warp's page ids of its next 32 / tiles
-# blocks read in one round trip (a window, one per lane), each block's taken by shuffles; 2: the first window
-# read before cache_seqlens (for a row as long as the capacity, kept where the split's blocks match). 0: none.
-REGS_PAGE_AHEAD_VALUES = (0, 1, 2)
-REGS_PAGE_AHEAD_DEFAULT = 0     # every paged regs call's regs_page_ahead (tests; 0: none)
+# regs_page_shift (decode_splitkv_regs' kPageShift, paged caches): the page size is a power of two, so a position's
+# page index is a shift, not a signed division by the run-time page size (call_config drops it, or for a given
+# config raises, at other page sizes). Session 30 (dec26, results/NVIDIA_H200/logs/session30_dec26): with the very
+# addresses of the contiguous call (page 256, the table in order) the paged split kernel ran 0.7 us longer (ncu: more
+# issued instructions and short-scoreboard stalls, the divisions' reciprocals among them).
+REGS_PAGE_SHIFT_DEFAULT = 0     # every paged regs call's regs_page_shift where its page size allows (tests; 0: none)
 REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
@@ -731,10 +730,8 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
-    regs_page_ahead: (regs, paged caches; 0 none) each warp reads the page ids of its next 32 / tiles blocks in
-              one round trip (a window, one id per lane) and takes each block's from it by shuffles, so no
-              block's loads wait on a table read (kPageAhead); 2: as 1, the first window read before
-              cache_seqlens for a row as long as the capacity (no cache_leftpad), kept where the blocks match
+    regs_page_shift: (regs, paged caches of a power-of-two page size; 0 none) a position's page index by a shift
+              instead of a division by the page size (kPageShift)
     regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
               issued before cache_seqlens is read, and that read is kept after them (kSpec): without it the
               compiler schedules the length's load and the split's range above the early loads; 2: as 1, with
@@ -781,7 +778,7 @@ class DecodeConfig(KernelConfig):
     pdl: int = 0
     regs_staged: int = 0
     regs_spec: int = 0
-    regs_page_ahead: int = 0
+    regs_page_shift: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -817,7 +814,7 @@ class DecodeConfig(KernelConfig):
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
                  + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else "")
                  + (f"_rsp{self.regs_spec}" if self.regs_spec else "")
-                 + (f"_rpa{self.regs_page_ahead}" if self.regs_page_ahead else ""))
+                 + ("_rps" if self.regs_page_shift else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -851,7 +848,7 @@ class DecodeConfig(KernelConfig):
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
                         str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged)),
-                        str(int(self.regs_spec)), str(int(self.regs_page_ahead))]
+                        str(int(self.regs_spec)), str(int(self.regs_page_shift))]
             defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
@@ -880,7 +877,7 @@ class DecodeConfig(KernelConfig):
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
                     int(self.regs_page_table), int(self.pdl), int(self.regs_staged), int(self.regs_spec),
-                    int(self.regs_page_ahead))
+                    int(self.regs_page_shift))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -969,10 +966,10 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_spec must be 0, 1 or 2, got {self.regs_spec}")
         elif self.regs_spec and (not self.regs or self.regs_order != 2):
             out.append("regs_spec: an option of the regs kernel's regs_order 2 (regs, regs_order 2)")
-        if self.regs_page_ahead not in REGS_PAGE_AHEAD_VALUES:
-            out.append(f"regs_page_ahead must be one of {REGS_PAGE_AHEAD_VALUES} (0: none), got {self.regs_page_ahead}")
-        elif self.regs_page_ahead and not self.regs:
-            out.append("regs_page_ahead: an option of the regs kernel (regs)")
+        if self.regs_page_shift not in (0, 1):
+            out.append(f"regs_page_shift must be 0 or 1, got {self.regs_page_shift}")
+        elif self.regs_page_shift and not self.regs:
+            out.append("regs_page_shift: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -1458,6 +1455,14 @@ class DecodeSplitKV(Family):
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
+        if getattr(config, "regs_page_shift", 0) and page_size & (page_size - 1):
+            if not chosen:
+                raise ValueError(f"k_cache: the config's regs_page_shift needs a page_block_size (k_cache.shape[1]) "
+                                 f"that is a power of two, got {page_size}")
+            config = config.replace(regs_page_shift=0)
+        if (chosen and heuristic and REGS_PAGE_SHIFT_DEFAULT and getattr(config, "regs", 0) and page_size > 0
+                and not page_size & (page_size - 1)):
+            config = config.replace(regs_page_shift=REGS_PAGE_SHIFT_DEFAULT)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS

@@ -1,3 +1,4 @@
+# (ran at 6c8a557, whose kernel had kPageAhead / regs_page_ahead; dropped after this round: the field is gone)
 # session 30 dec26 round 1 (issue 13, paged 1 x 8k decode on one H200): regs_page_ahead (kPageAhead: a window of
 # page ids per warp, each block's ids by shuffles; 2: the first window read with cache_seqlens) against the shipped
 # paged call (page16 / page256 rows: flash_attn_with_kvcache as users call it on the H200) and the contiguous call in

@@ -1,8 +1,8 @@
-"""decode_splitkv_regs' kPageAhead (session 30, dec26: a window of page ids per warp, issue 13). With an old
-kernels_cu/ given, the SASS of the default kernels (pdl_sass_check's DEFAULTS, the shipped batch-1 configs, contiguous
-and paged at pages 16 / 256) compiled from it and from this checkout's must be identical; the regs_page_ahead 1 / 2
-kernels of the paged batch-1 configs compile for sm_90a without spills, and the global loads after pdl's wait are
-printed in SASS order (i: a 32-bit load, W: a 128-bit one), so one sees where the window's id loads sit.
+"""decode_splitkv_regs' kPageShift (session 30, dec26, issue 13; the script first served round 1's kPageAhead, since
+dropped). With an old kernels_cu/ given, the SASS of the default kernels (pdl_sass_check's DEFAULTS, the shipped
+batch-1 configs, contiguous and paged at pages 16 / 256) compiled from it and from this checkout's must be identical;
+the regs_page_shift kernels of the paged batch-1 configs (regs_order 0 / 1) compile for sm_90a without spills, with
+their instruction counts and the global loads after pdl's wait in SASS order (i: a 32-bit load, W: a 128-bit one).
 
     PYTHONPATH=. python results/NVIDIA_H200/scripts/dec26_sass_check.py [/work/main/kernels_cu]
 """
@@ -29,8 +29,7 @@ def paged_shipped() -> list:
 
 def ahead_configs() -> list:
     base = [c.replace(regs_page_table=0) for c in paged_shipped()]
-    return list(dict.fromkeys([c.replace(regs_page_ahead=v, regs_order=o) for c in base for v in (1, 2)
-                               for o in (0, 1)]))
+    return list(dict.fromkeys([c.replace(regs_page_shift=1, regs_order=o) for c in base for o in (0, 1)]))
 
 
 def load_seq(body: str, n: int = 48) -> str:
@@ -66,7 +65,10 @@ def main(old_root: str = "") -> int:
         if "registers" in line:
             print("  " + line.strip()[:160])
     for k, body in sorted(got.items(), key=str):
-        print(f"  {k}:\n    loads after the wait (i: 32-bit, W: 128-bit, s: shfl): {load_seq(body)}")
+        n_ins = sum(1 for ln in body.splitlines() if re.search(r"\b[A-Z]", ln))
+        n_div = sum(1 for ln in body.splitlines() if "I2F.U32.RP" in ln)
+        print(f"  {k}: {n_ins} instructions, {n_div} I2F.U32.RP (divisions)\n"
+              f"    loads after the wait (i: 32-bit, W: 128-bit, s: shfl): {load_seq(body)}")
     return 1 if bad or any(spills) else 0
 
 
