@@ -1,7 +1,7 @@
 """decode_splitkv's ``regs_page_shift`` (decode_splitkv_regs' kPageShift: a power-of-two page size's page index by a
 shift) without a GPU: the field's name tag, template tail (kPageShift last), validation, call_config (a chosen config
 drops it at other page sizes, a given one raises naming k_cache; REGS_PAGE_SHIFT_DEFAULT only at powers of two; the
-shipped heuristic unchanged), and nvcc: the kernels compile for sm_90a without spills
+paged batch-1 rule takes it), and nvcc: the kernels compile for sm_90a without spills
 (results/NVIDIA_H200/scripts/dec26_sass_check.py also compares the default kernels' SASS with an older tree's)."""
 import shutil
 
@@ -44,11 +44,17 @@ def test_call_config(monkeypatch):
     with pytest.raises(ValueError, match=r"^k_cache: the config's regs_page_shift needs a page_block_size .* got 40"):
         FAM.call_config(SHIFT, P8K, ARCH, 40, chosen=False)
     assert FAM.call_config(SHIFT, P8K, ARCH, 40, chosen=True).regs_page_shift == 0
-    h = FAM.heuristic(P8K, ARCH)
-    assert FAM.call_config(h, P8K, ARCH, 16, chosen=True, heuristic=True).regs_page_shift == 0   # shipped: none
+    h = FAM.heuristic(P8K, ARCH)   # the paged batch-1 rule (REGS_BATCH1_PAGED_RULES) takes it at powers of two
+    assert [FAM.call_config(h, P8K, ARCH, pg, chosen=True, heuristic=True).regs_page_shift
+            for pg in (16, 256, 32, 40, 48)] == [1, 1, 1, 0, 0]
+    for p in (P8K.replace(batch=8), P8K.replace(seqlen_k=8193), P8K.replace(features=())):
+        c = FAM.heuristic(p, ARCH)   # past the rule (batch 8, more keys), contiguous: none
+        assert FAM.call_config(c, p, ARCH, 16 if p.features else 0, chosen=True, heuristic=True).regs_page_shift == 0
+    p8 = P8K.replace(batch=8)
     monkeypatch.setattr(mod, "REGS_PAGE_SHIFT_DEFAULT", 1)
-    assert FAM.call_config(h, P8K, ARCH, 16, chosen=True, heuristic=True).regs_page_shift == 1
-    assert FAM.call_config(h, P8K, ARCH, 48, chosen=True, heuristic=True).regs_page_shift == 0
+    h8 = FAM.heuristic(p8, ARCH)
+    assert FAM.call_config(h8, p8, ARCH, 16, chosen=True, heuristic=True).regs_page_shift == 1
+    assert FAM.call_config(h8, p8, ARCH, 48, chosen=True, heuristic=True).regs_page_shift == 0
 
 
 POINTS = [SHIFT, SHIFT.replace(regs_order=1), SHIFT.replace(regs_page_table=1, regs_prefetch=True, regs_prefetch_blocks=3),

@@ -426,7 +426,15 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # 4 or 16 warps, the fused combine, regs_order 1, the staged table's L1 prefetch, hints 2 and 5 and pdl 0 all tie or
 # lose. pdl 3 wins at page 16 only (12.58, 12.48; its L2 prefetch is skipped for paged caches: the same run-time work)
 # and loses at page 256 (12.55, 12.49). A device rule cannot match on page size, so nothing ships.
-REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),)
+# dec26 (session 30, one NVIDIA H200, results/NVIDIA_H200/logs/session30_dec26): the gap is the paged code path, not
+# the pages' order (r2: a table in order, the contiguous call's very addresses, 12.54 / 12.44 us against 11.80 / 11.71
+# for the contiguous cache on this kernel and order); a per-warp window of page ids (block 1's loads right after block
+# 0's) lost at both pages (r1: 13.00 / 12.84 at page 16, 13.01 / 12.94 at 256). The entry takes regs_page_shift (a
+# power-of-two page's index by a shift; call_config drops it at other page sizes): r4, two processes, us, with / without
+# / users' call before, contiguous: page 16 12.71, 12.49 / 12.96, 12.82 / 13.22, 12.62; page 256 12.53, 12.31 / 12.57,
+# 12.41 / 12.62, 12.62; contiguous 11.27, 11.06 (1.127-1.130x and 1.111-1.113x; the H100 is not measured).
+REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
+                                          "regs_page_shift": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -1452,6 +1460,7 @@ class DecodeSplitKV(Family):
             # early_merge stays only with the fused combine (the cp.async loop's separate combine has no early form)
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                     regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0, regs_spec=0,
+                                    regs_page_shift=0,
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
@@ -1482,6 +1491,7 @@ class DecodeSplitKV(Family):
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                  regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0, regs_spec=0,
+                                 regs_page_shift=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
