@@ -340,12 +340,12 @@ def staged_test_configs():
 
 
 def shipped_b1_configs():
-    """tests/test_decode_staged_gpu.py -k batch1_rule and tests/decode_staged_sanitize.py --shipped: the configs the
-    shipped batch-1 rule gives (REGS_BATCH1_RULES up to 8k keys)."""
+    """tests/test_decode_staged_gpu.py -k batch1_rule / batch1_paged_rule and tests/decode_staged_sanitize.py --shipped:
+    the configs the shipped batch-1 rules give (REGS_BATCH1_RULES, REGS_BATCH1_PAGED_RULES up to 8k keys)."""
     import test_decode_staged_gpu as t
 
     return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
-            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES + t.B1_PAGED_CASES]
 
 
 def spec_test_configs():
