@@ -1,3 +1,4 @@
+# (ran at the commit named in logs/session30_dec26/NOTE.md, whose kernel still had kPageAhead / regs_page_ahead; the field is gone since)
 # session 30 dec26 round 2 (issue 13, paged 1 x 8k decode on one H200): is the paged gap the table code or the pages'
 # physical order? Round 1: regs_page_ahead (ids of the next 32 blocks in one round trip, block 1's loads right after
 # block 0's) was 0.1-0.5 us SLOWER than the shipped paged call at both pages. Here the same configs read through a

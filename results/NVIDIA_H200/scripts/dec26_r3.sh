@@ -1,3 +1,4 @@
+# (ran at the commit named in logs/session30_dec26/NOTE.md, whose kernel still had kPageAhead / regs_page_ahead; the field is gone since)
 # session 30 dec26 round 3 (issue 13, one H200): why the paged split kernel is ~0.75 us slower than the contiguous one
 # when it reads the very same addresses in the same order (round 2: page 256 through a table in order, u256s, 12.54 /
 # 12.44 us against the contiguous call on the same kernel and order, c_ro0, 11.80 / 11.71; the shuffled table the same
