@@ -1699,9 +1699,12 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              the stream's previous kernel may write the cache (decode_append, or the caller's own kernel).
 //              2: as 1, and the early loads' and Q's addresses (parameters only) are computed before that wait
 //              (computed_before), so with kPdl the loads follow the wait at once
+//   kPageShift (paged caches; 0: none) the page size is a power of two (the host checks): a position's page index
+//              is a shift instead of a signed division by p.page_size (each a reciprocal and its fix-ups)
 template <int kWarps, int kWarpN, int kRowTiles, int kHeadDim, class Elem, bool kFusedCombine, bool kLightFence,
           int kLoadHint, bool kEarlyPrefetch = false, int kAhead = 0, bool kAheadL1 = false, int kOrder = 0,
-          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0, int kSpec = 0>
+          int kEarlyBlocks = 1, int kCluster = 0, int kPageTable = 0, int kPdl = 0, int kStaged = 0, int kSpec = 0,
+          int kPageShift = 0>
 __global__ void __launch_bounds__(kWarps * 32)
 decode_splitkv_regs(const DecodeParams p) {
     constexpr int kThreads = kWarps * 32, kBlockN = kWarps * kWarpN, kRows = 8 * kRowTiles;
@@ -1724,6 +1727,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
                   "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
     static_assert(kSpec == 0 || ((kSpec == 1 || kSpec == 2) && kOrder == 2), "kSpec: 0 (none), 1 or 2, with kOrder 2");
+    static_assert(kPageShift == 0 || kPageShift == 1, "kPageShift: 0 (none) or 1");
     constexpr int kPageIds = 2048;                  // kPageTable: staged page ids (8 KB)
     constexpr int kIdsPerThread = kPageIds / kThreads;
 
@@ -1908,6 +1912,9 @@ decode_splitkv_regs(const DecodeParams p) {
         }
     }
     if constexpr (kSpec > 0) load_q_early();   // Q too before the length's read (kSpec: ordered after these loads)
+    // the page index of cache position pos >= 0 (kPageShift: a power-of-two page size, by a shift)
+    const int page_shift = kPageShift ? __ffs(p.page_size) - 1 : 0;
+    auto page_index = [&](int pos) { return kPageShift ? pos >> page_shift : pos / p.page_size; };
     // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
     int row_ids[kIdsPerThread];
     const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
@@ -2001,8 +2008,8 @@ decode_splitkv_regs(const DecodeParams p) {
             } else {
                 const int first = kOrder ? n_first : n_begin, stop = kOrder ? n_stop : n_end;
                 if (stop > first) {
-                    const int pg_hi = (rk.start + min(stop * kBlockN, keys) - 1) / p.page_size;
-                    ids_lo = max((rk.start + first * kBlockN) / p.page_size, pg_hi - kPageIds + 1);
+                    const int pg_hi = page_index(rk.start + min(stop * kBlockN, keys) - 1);
+                    ids_lo = max(page_index(rk.start + first * kBlockN), pg_hi - kPageIds + 1);
                     ids_n = pg_hi - ids_lo + 1;
                     const int* row = p.block_table + b * p.block_table_stride + ids_lo;
 #pragma unroll
@@ -2043,7 +2050,7 @@ decode_splitkv_regs(const DecodeParams p) {
         for (int tile = 0; tile < kTiles; ++tile) {
             const int key0 = n * kBlockN + warp * kWarpN + 16 * tile;
             const int pos0 = rk.start + min(key0, last_key), pos1 = rk.start + min(key0 + 15, last_key);
-            const int pg0 = pos0 / p.page_size, pg1 = pos1 / p.page_size;
+            const int pg0 = page_index(pos0), pg1 = page_index(pos1);
             page_first[tile] = pg0 * p.page_size;
             page_a[tile] = page_id(table, pg0);
             page_b[tile] = page_id(table, pg1);
@@ -2266,7 +2273,7 @@ decode_splitkv_regs(const DecodeParams p) {
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
             const int key = n * kBlockN + warp * kWarpN + 16 * tile + (lane / kLines) % 16;
-            const int pos = rk.start + min(key, last_key), pg = pos / p.page_size;
+            const int pos = rk.start + min(key, last_key), pg = page_index(pos);
             const int id = min(max(page_id(table, pg), 0), p.num_pages - 1);
             const i64 row = pos - pg * p.page_size;
             prefetch_l1(k_head + id * p.k_batch_stride + row * p.k_row_stride + 64 * (lane % kLines));

@@ -6,7 +6,9 @@ every ``--variant``, all by CUDA-graph replay in shuffled rounds (cuflash.timing
 
     --variant "LABEL PAGE TOKEN ..."   PAGE: 0 (contiguous) or a page size; tokens:
         field=VALUE   a DecodeConfig field replaced in the config the call runs (regs_page_table=1,
-                      regs_prefetch=1, warps=4, ...); splits=N forces N splits (else the split rule's)
+                      regs_prefetch=1, warps=4, ...); splits=N forces N splits (else the split rule's);
+                      table=sorted: the page's table in order (page j of a row at physical page j: the
+                      bytes laid out as the contiguous cache's, still read through the table)
     --switch NAME=VALUE   a decode_splitkv module switch for the whole process (every record)
 
 Every impl of a cell reads the same bytes, so one load hint per process (the L2 state one leaves
@@ -42,11 +44,13 @@ def parse_variant(text: str) -> dict:
     from cuflash.families.decode_splitkv import DecodeConfig
 
     label, page, *tokens = text.split()
-    out = dict(label=label, page=int(page), fields={}, splits=0)
+    out = dict(label=label, page=int(page), fields={}, splits=0, sorted=False)
     for tok in tokens:
         name, _, value = tok.partition("=")
         if name == "splits":
             out["splits"] = int(value)
+        elif name == "table" and value in ("sorted", "shuffled"):
+            out["sorted"] = value == "sorted"
         elif name in DecodeConfig.__dataclass_fields__:
             cur = getattr(DecodeConfig, name, None)
             out["fields"][name] = bool(int(value)) if isinstance(cur, bool) else int(value)
@@ -106,9 +110,17 @@ def run_cell(cell, pages, variants, reps, rounds, log, fill=1.0) -> list:
                      lambda ck=ck, cv=cv, table=table: flash_attn_with_kvcache(q, ck, cv, cache_seqlens=seqlens,
                                                                              block_table=table)))
     for v in variants:
-        if v["page"] not in caches:
+        if v["page"] and v.get("sorted"):   # the table in order: physical page j holds logical page j
+            ck, cv, table = caches.get(v["page"], (None, None, None))
+            if table is None:
+                continue
+            blocks = table.shape[1]
+            table = (torch.arange(blocks, device=table.device)[None, :]
+                     + torch.arange(batch, device=table.device)[:, None] * blocks).to(torch.int32)
+        elif v["page"] not in caches:
             continue
-        ck, cv, table = caches[v["page"]]
+        else:
+            ck, cv, table = caches[v["page"]]
         cfg = variant_config(v, batch, ctx, sms)
         jobs.append((v["label"], v["page"], f"{cfg.name} x{cfg.splits}",
                      lambda ck=ck, cv=cv, table=table, cfg=cfg: kvcache_with_config(

@@ -14,10 +14,11 @@ their kernels on disk):
   * tests/test_decode_regs_gpu.py: the regs kernel's configs (REGS_DEFAULT 1 .. 6);
   * tests/test_decode_pdl_gpu.py and tests/decode_pdl_sanitize.py: the regs kernel's configs with pdl 1, 2;
   * tests/test_decode_staged_gpu.py and tests/decode_staged_sanitize.py: the regs kernel's configs with regs_staged;
-  * tests/test_decode_pair_gpu.py: the regs kernel's 2 splits as a cluster of 2 (REGS_CLUSTER_PAIRS).
+  * tests/test_decode_pair_gpu.py: the regs kernel's 2 splits as a cluster of 2 (REGS_CLUSTER_PAIRS);
+  * tests/test_decode_page_shift_gpu.py and tests/decode_page_shift_sanitize.py: regs_page_shift.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only shipped_b1,spec_tests,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only page_shift_tests,shipped_b1,spec_tests,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -339,12 +340,12 @@ def staged_test_configs():
 
 
 def shipped_b1_configs():
-    """tests/test_decode_staged_gpu.py -k batch1_rule and tests/decode_staged_sanitize.py --shipped: the configs the
-    shipped batch-1 rule gives (REGS_BATCH1_RULES up to 8k keys)."""
+    """tests/test_decode_staged_gpu.py -k batch1_rule / batch1_paged_rule and tests/decode_staged_sanitize.py --shipped:
+    the configs the shipped batch-1 rules give (REGS_BATCH1_RULES, REGS_BATCH1_PAGED_RULES up to 8k keys)."""
     import test_decode_staged_gpu as t
 
     return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page or 0)
-            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES]
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in t.B1_CASES + t.B1_PAGED_CASES]
 
 
 def spec_test_configs():
@@ -441,7 +442,25 @@ def pair_test_configs():
     return out
 
 
-GROUPS = {"shipped_b1": shipped_b1_configs, "spec_tests": spec_test_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def page_shift_test_configs():
+    """tests/test_decode_page_shift_gpu.py (REGS_PAGE_SHIFT_DEFAULT 1 at REGS_ORDER_DEFAULT 0, 1; with the staged table)
+    and tests/decode_page_shift_sanitize.py."""
+    import decode_page_shift_sanitize as san
+    import test_decode_page_shift_gpu as t
+
+    def cfg(case, order, table=0):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                          REGS_PAGED_TMA_MAX_KEYS=0, REGS_PAGE_SHIFT_DEFAULT=1, REGS_ORDER_DEFAULT=order,
+                          REGS_PAGE_TABLE_DEFAULT=table)
+
+    graphs = [(b, 1, [cap], 32, 8, 128, "bf16", pg, {}, {}) for b, cap in ((1, 8192), (3, 20000)) for pg in (16, 256)]
+    return ([cfg(c, o) for c in t.CASES + graphs for o in (0, 1)] + [cfg(c, 0, 1) for c in t.CASES[:6]]
+            + list(san.CONFIGS))
+
+
+GROUPS = {"page_shift_tests": page_shift_test_configs, "shipped_b1": shipped_b1_configs, "spec_tests": spec_test_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

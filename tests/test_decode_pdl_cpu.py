@@ -39,8 +39,8 @@ def test_field_name_template_tail_validation():
     assert pdl.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 0, false, "
                                  "0, false, 0, 1, 0, 0, 1>")
     assert LONG.replace(pdl=2).kernel_name().endswith(", 5, true, 0, false, 1, 3, 0, 0, 2>")
-    assert pdl.template_args()[-3] == 1 and REGS.template_args()[-3] == 0   # kStaged, kSpec follow
-    assert pdl.template_args()[:-3] == REGS.template_args()[:-3]     # the other tails stay
+    assert pdl.template_args()[-4] == 1 and REGS.template_args()[-4] == 0   # kStaged, kSpec, kPageShift follow
+    assert pdl.template_args()[:-4] == REGS.template_args()[:-4]     # the other tails stay
     assert FAM.decode(FAM.encode(pdl), "bf16", False) == pdl
     assert FAM.make({k: v for k, v in FAM.point(REGS).items() if k != "pdl"}, P8K).pdl == 0
     assert not pdl.problems(232448) and not LONG.replace(pdl=2).problems(232448)

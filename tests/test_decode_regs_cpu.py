@@ -23,7 +23,7 @@ P = Problem("decode", "bf16", 1, 1, 32768, 32, 8, 128)
 def test_names_template_arguments_smem_residency():
     assert REGS.name == "decode_bf16_d128_w8_n16_s3_m1_c4_fc_lf_rg2"
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 1>"
-    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1, 0, 0, 0, 0, 0)
+    assert REGS.template_args() == (8, 16, 1, 128, "bf16", True, True, 1, False, 0, False, 0, 1, 0, 0, 0, 0, 0, 0)
     assert BASE.kernel_name() == ("cuflash::decode_splitkv<8, 16, 3, 1, 128, cuflash::bf16, true, false, 0, false, "
                                   "false, false, 0, false, 0, 0, true>")   # unchanged without it
     assert REGS.rows == 8 and BASE.rows == 16 and REGS.replace(m_tiles=2).rows == 16
@@ -46,10 +46,10 @@ def test_validation_and_call_checks():
     assert any("regs must be one of" in x for x in REGS.replace(regs=8).problems(232448))
     assert any("regs_prefetch" in x for x in BASE.replace(regs_prefetch=True).problems(232448))
     pf = REGS.replace(regs_prefetch=True)
-    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-10] is True
+    assert pf.name.endswith("_rg2_rpf") and pf.kernel_name().endswith(", 1, true>") and pf.template_args()[-11] is True
     ra = REGS.replace(regs_ahead=3)
     assert ra.name.endswith("_rg2_ra3") and ra.kernel_name().endswith(", 1, false, 3>")
-    assert ra.template_args()[-10:] == (False, 3, False, 0, 1, 0, 0, 0, 0, 0) and not ra.problems(232448)
+    assert ra.template_args()[-11:] == (False, 3, False, 0, 1, 0, 0, 0, 0, 0, 0) and not ra.problems(232448)
     pb = pf.replace(regs_prefetch_blocks=2)
     assert pb.name.endswith("_rpf_pb2") and pb.kernel_name().endswith(", 1, true, 0, false, 0, 2>") and not pb.problems(232448)
     assert any("needs regs_prefetch" in x for x in REGS.replace(regs_prefetch_blocks=2).problems(232448))
@@ -121,7 +121,7 @@ def test_page_table_config(monkeypatch):
     memory (REGS_PAGE_IDS ids, matching kPageIds), validation, and the heuristic's switch: paged
     calls only, with REGS_PAGED_BATCH1_PREFETCH's early prefetch at batch 1."""
     pt = REGS.replace(regs_page_table=1)
-    assert pt.name.endswith("_rg2_rpt1") and pt.template_args()[-4] == 1 and not pt.problems(232448)
+    assert pt.name.endswith("_rg2_rpt1") and pt.template_args()[-5] == 1 and not pt.problems(232448)
     assert pt.kernel_name().endswith(", 1, false, 0, false, 0, 1, 0, 1>")
     assert pt.smem_bytes == REGS.smem_bytes + 4 * mod.REGS_PAGE_IDS
     src = (kernel_dir() / "decode_splitkv.cu").read_text()
@@ -181,7 +181,7 @@ def test_cluster_config():
     assert CL16.name == "decode_bf16_d128_w8_n16_s3_m1_c4_rg6_cl16"
     assert CL16.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, false, false, 5, false, "
                                   "0, false, 0, 1, 16>")
-    assert CL16.template_args()[-5] == 16 and not CL16.problems(232448)
+    assert CL16.template_args()[-6] == 16 and not CL16.problems(232448)
     assert CL16.smem_bytes == 8 * 8 * (128 + 6) * 4 + 16 + 8 * 129 * 4   # + the split's O and LSE
     for bad, why in ((CL16.replace(fused_combine=True), "no fused_combine"), (CL16.replace(regs=0), "regs;"),
                      (CL16.replace(splits=8), "splits 0 or 16"), (CL16.replace(regs_cluster=3), "must be one of"),

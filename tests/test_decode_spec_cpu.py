@@ -23,8 +23,8 @@ def test_field_name_template_tail():
     assert SPEC.name == "decode_bf16_d128_w8_n16_s3_m1_c4_em_rg1_ro2_pdl1_rsp1"
     assert SPEC.kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, false, false, 0, false, "
                                   "0, false, 2, 1, 0, 0, 1, 0, 1>")
-    assert SPEC.template_args()[-1] == 1 and REGS.template_args()[-1] == 0   # kSpec last
-    assert SPEC.replace(regs_spec=0).template_args()[:-1] == SPEC.template_args()[:-1]
+    assert SPEC.template_args()[-2] == 1 and REGS.template_args()[-2] == 0   # kSpec, then kPageShift
+    assert SPEC.replace(regs_spec=0).template_args()[:-2] == SPEC.template_args()[:-2]
     assert SPEC.replace(regs_spec=0).kernel_name() == ("cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, "
                                                        "false, false, 0, false, 0, false, 2, 1, 0, 0, 1>")
     assert SPEC.smem_bytes == SPEC.replace(regs_spec=0).smem_bytes

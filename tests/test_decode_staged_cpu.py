@@ -31,8 +31,8 @@ def test_field_name_template_tail_smem():
     assert W4.kernel_name() == ("cuflash::decode_splitkv_regs<4, 16, 1, 128, cuflash::bf16, true, true, 0, false, "
                                 "0, false, 0, 1, 0, 0, 0, 2>")
     assert REGS.kernel_name() == "cuflash::decode_splitkv_regs<8, 16, 1, 128, cuflash::bf16, true, true, 0>"
-    assert W4.template_args()[-2] == 2 and REGS.template_args()[-2] == 0   # kSpec follows
-    assert W4.replace(warps=8).template_args()[:-2] == REGS.template_args()[:-2]
+    assert W4.template_args()[-3] == 2 and REGS.template_args()[-3] == 0   # kSpec, kPageShift follow
+    assert W4.replace(warps=8).template_args()[:-3] == REGS.template_args()[:-3]
     # a slot: per lane 16 bytes per load, 8 K and 8 V loads per 16-key tile at d 128 (4 and 4 at d 64)
     assert W4.smem_bytes == REGS.replace(warps=4).smem_bytes + 4 * 2 * 16 * 32 * 16
     d64 = W4.replace(head_dim=64)

@@ -29,11 +29,11 @@ def problem(batch=2, seqlen_q=1, ctx=4096, h=32, hk=8, d=128, features=()):
 
 def test_config_field_names_threads_smem():
     plain = TMA.replace(tma=False)
-    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-22:] == ["tma", "l2_prefetch", "warp_loads", "page_gather", "lean", "bulk", "early_merge",
+    assert [f.name for f in __import__("dataclasses").fields(DecodeConfig)][-23:] == ["tma", "l2_prefetch", "warp_loads", "page_gather", "lean", "bulk", "early_merge",
                                                                                     "ring_fill", "dynamic", "stream", "light_fence", "regs",
                                                                                     "regs_prefetch", "regs_ahead", "regs_ahead_l1", "regs_order",
                                                                                     "regs_prefetch_blocks", "regs_cluster", "regs_page_table",
-                                                                                    "pdl", "regs_staged", "regs_spec"]
+                                                                                    "pdl", "regs_staged", "regs_spec", "regs_page_shift"]
     assert TMA.name == plain.name + "_tma" and plain.threads == 256 and TMA.threads == 288
     assert TMA.smem_bytes == plain.smem_bytes + 2 * 3 * 8         # full + empty mbarriers
     assert TMA.kernel_name() == "cuflash::decode_splitkv_tma<8, 16, 3, 1, 128, cuflash::bf16>"

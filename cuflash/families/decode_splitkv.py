@@ -426,7 +426,15 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # 4 or 16 warps, the fused combine, regs_order 1, the staged table's L1 prefetch, hints 2 and 5 and pdl 0 all tie or
 # lose. pdl 3 wins at page 16 only (12.58, 12.48; its L2 prefetch is skipped for paged caches: the same run-time work)
 # and loses at page 256 (12.55, 12.49). A device rule cannot match on page size, so nothing ships.
-REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1}),)
+# dec26 (session 30, one NVIDIA H200, results/NVIDIA_H200/logs/session30_dec26): the gap is the paged code path, not
+# the pages' order (r2: a table in order, the contiguous call's very addresses, 12.54 / 12.44 us against 11.80 / 11.71
+# for the contiguous cache on this kernel and order); a per-warp window of page ids (block 1's loads right after block
+# 0's) lost at both pages (r1: 13.00 / 12.84 at page 16, 13.01 / 12.94 at 256). The entry takes regs_page_shift (a
+# power-of-two page's index by a shift; call_config drops it at other page sizes): r4, two processes, us, with / without
+# / users' call before, contiguous: page 16 12.71, 12.49 / 12.96, 12.82 / 13.22, 12.62; page 256 12.53, 12.31 / 12.57,
+# 12.41 / 12.62, 12.62; contiguous 11.27, 11.06 (1.127-1.130x and 1.111-1.113x; the H100 is not measured).
+REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
+                                          "regs_page_shift": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
 # cache holds at most max_keys keys runs the first (max_keys, regs) entry's hint instead of REGS_DEFAULT,
 # where no device rule sets regs. The figures above at 8k keys compared the hints as variants of one
@@ -577,6 +585,12 @@ REGS_STAGED_RULES: tuple = ()
 # wait for the length's round trip as the plain ones do (sm_90a SASS of the 1 x 8k config, session 28).
 # REGS_SPEC_DEFAULT: every regs call of regs_order 2 (after the rules; tests), 0: none.
 REGS_SPEC_DEFAULT = 0
+# regs_page_shift (decode_splitkv_regs' kPageShift, paged caches): the page size is a power of two, so a position's
+# page index is a shift, not a signed division by the run-time page size (call_config drops it, or for a given
+# config raises, at other page sizes). Session 30 (dec26, results/NVIDIA_H200/logs/session30_dec26): with the very
+# addresses of the contiguous call (page 256, the table in order) the paged split kernel ran 0.7 us longer (ncu: more
+# issued instructions and short-scoreboard stalls, the divisions' reciprocals among them).
+REGS_PAGE_SHIFT_DEFAULT = 0     # every paged regs call's regs_page_shift where its page size allows (tests; 0: none)
 REGS_STAGED = True         # REGS_STAGED_RULES on (False: none; decode_b1_timing.py's --variant "old REGS_STAGED=0")
 # pdl (sm_90, the regs kernel): programmatic dependent launch. The plan launches the call's kernels with
 # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuflash.launch.LaunchEx), so each may be scheduled
@@ -724,6 +738,8 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
+    regs_page_shift: (regs, paged caches of a power-of-two page size; 0 none) a position's page index by a shift
+              instead of a division by the page size (kPageShift)
     regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
               issued before cache_seqlens is read, and that read is kept after them (kSpec): without it the
               compiler schedules the length's load and the split's range above the early loads; 2: as 1, with
@@ -770,6 +786,7 @@ class DecodeConfig(KernelConfig):
     pdl: int = 0
     regs_staged: int = 0
     regs_spec: int = 0
+    regs_page_shift: int = 0
 
     family = "decode_splitkv"
     _what = "decode"
@@ -804,7 +821,8 @@ class DecodeConfig(KernelConfig):
                  + (f"_cl{self.regs_cluster}" if self.regs_cluster else "")
                  + (f"_rpt{self.regs_page_table}" if self.regs_page_table else "")
                  + (f"_pdl{self.pdl}" if self.pdl else "") + (f"_rst{self.regs_staged}" if self.regs_staged else "")
-                 + (f"_rsp{self.regs_spec}" if self.regs_spec else ""))
+                 + (f"_rsp{self.regs_spec}" if self.regs_spec else "")
+                 + ("_rps" if self.regs_page_shift else ""))
         return (f"decode_{self.dtype}_d{self.head_dim}_w{self.warps}_n{self.warp_n}_s{self.stages}"
                 f"_m{self.m_tiles}_c{self.split_cost}{split}{flags}")
 
@@ -838,8 +856,8 @@ class DecodeConfig(KernelConfig):
             trailing = [flag[bool(self.regs_prefetch)], str(int(self.regs_ahead)), flag[bool(self.regs_ahead_l1)],
                         str(int(self.regs_order)), str(int(self.regs_prefetch_blocks)), str(int(self.regs_cluster)),
                         str(int(self.regs_page_table)), str(int(self.pdl)), str(int(self.regs_staged)),
-                        str(int(self.regs_spec))]
-            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0", "0"]
+                        str(int(self.regs_spec)), str(int(self.regs_page_shift))]
+            defaults = ["false", "0", "false", "0", "1", "0", "0", "0", "0", "0", "0"]
             while trailing and trailing[-1] == defaults[len(trailing) - 1]:
                 trailing.pop()
             return (f"cuflash::decode_splitkv_regs<{self.warps}, {self.warp_n}, {self.m_tiles}, {self.head_dim}, "
@@ -866,7 +884,8 @@ class DecodeConfig(KernelConfig):
             return (self.warps, self.warp_n, self.m_tiles, self.head_dim, self.dtype, bool(self.fused_combine),
                     bool(self.light_fence), self.regs - 1, bool(self.regs_prefetch), int(self.regs_ahead),
                     bool(self.regs_ahead_l1), int(self.regs_order), int(self.regs_prefetch_blocks), int(self.regs_cluster),
-                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged), int(self.regs_spec))
+                    int(self.regs_page_table), int(self.pdl), int(self.regs_staged), int(self.regs_spec),
+                    int(self.regs_page_shift))
         if self.stream:
             return (self.warps, self.warp_n, self.stages, self.m_tiles, self.head_dim, self.dtype,
                     int(self.l2_prefetch))
@@ -955,6 +974,10 @@ class DecodeConfig(KernelConfig):
             out.append(f"regs_spec must be 0, 1 or 2, got {self.regs_spec}")
         elif self.regs_spec and (not self.regs or self.regs_order != 2):
             out.append("regs_spec: an option of the regs kernel's regs_order 2 (regs, regs_order 2)")
+        if self.regs_page_shift not in (0, 1):
+            out.append(f"regs_page_shift must be 0 or 1, got {self.regs_page_shift}")
+        elif self.regs_page_shift and not self.regs:
+            out.append("regs_page_shift: an option of the regs kernel (regs)")
         if self.regs not in REGS_VALUES:
             out.append(f"regs must be one of {REGS_VALUES} (0: off), got {self.regs}")
         elif self.regs:
@@ -1437,9 +1460,18 @@ class DecodeSplitKV(Family):
             # early_merge stays only with the fused combine (the cp.async loop's separate combine has no early form)
             config = config.replace(regs=0, regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                     regs_prefetch_blocks=1, regs_page_table=0, pdl=0, regs_staged=0, regs_spec=0,
+                                    regs_page_shift=0,
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
+        if getattr(config, "regs_page_shift", 0) and page_size & (page_size - 1):
+            if not chosen:
+                raise ValueError(f"k_cache: the config's regs_page_shift needs a page_block_size (k_cache.shape[1]) "
+                                 f"that is a power of two, got {page_size}")
+            config = config.replace(regs_page_shift=0)
+        if (chosen and heuristic and REGS_PAGE_SHIFT_DEFAULT and getattr(config, "regs", 0) and page_size > 0
+                and not page_size & (page_size - 1)):
+            config = config.replace(regs_page_shift=REGS_PAGE_SHIFT_DEFAULT)
         keys = problem.batch * problem.seqlen_k
         small_call = keys <= SMALL_PAGE_TMA_MAX_KEYS
         large_page_tma = page_size >= TMA_PAGED_MAX_PAGE and keys <= LARGE_PAGE_TMA_MAX_KEYS
@@ -1459,6 +1491,7 @@ class DecodeSplitKV(Family):
                                  early_merge=False, ring_fill=0, dynamic=0, light_fence=False, regs=0,
                                  regs_prefetch=False, regs_ahead=0, regs_ahead_l1=False, regs_order=0,
                                  regs_prefetch_blocks=1, regs_cluster=0, regs_page_table=0, pdl=0, regs_spec=0,
+                                 regs_page_shift=0,
                                  m_tiles=1 if config.regs else config.m_tiles)
             for candidate in (tma, tma.replace(stages=2)):
                 if not candidate.problems(max_smem) and not self.tma_problem(candidate, problem, arch, page_size):
