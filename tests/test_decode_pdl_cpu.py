@@ -185,9 +185,9 @@ def test_nvcc_sm90a_no_spills_and_sass():
     for fn in text.split("Function : ")[1:]:
         name, body = fn.split("\n", 1)
         args = _mangled_args(name)
-        # kPdl: the regs kernel's 16th of 18 (kStaged, kSpec follow); the append's and the combine's third
-        # (kEarly follows)
-        pdl = ("regs" in name and len(args) == 18 and args[15] != 0) or (
+        # kPdl: the regs kernel's 16th of 19 (kStaged, kSpec, kPageShift follow); the append's and the combine's
+        # third (kEarly follows)
+        pdl = ("regs" in name and len(args) == 19 and args[15] != 0) or (
             "regs" not in name and len(args) >= 3 and args[2] is True)
         ops = [ln.split(";")[0].split("*/")[-1].strip() for ln in body.splitlines() if ";" in ln]
         assert ("ACQBULK" in ops) == pdl and ("PREEXIT" in ops) == pdl, (name, pdl)
