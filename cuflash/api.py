@@ -839,6 +839,26 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
     return out, lse
 
 
+def _packed_route(q, packed, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs, config, bwd_config, dropout_seed):
+    """The packed functions' torch route (torch_ops.attention_packed: the gradient written by the
+    kernels into one packed buffer, no per-slice zero-filled buffers), or None for the per-tensor
+    route of flash_attn_func on the slices: features, FP8, arrays other than torch's, calls that
+    need no gradient, torch.compile."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(packed, torch.Tensor) or (q is not None and not isinstance(q, torch.Tensor)):
+        return None
+    if dropout_p or softcap or alibi_slopes is not None or dropout_seed is not None or _windowed(window_size) \
+            or _is_fp8(packed):
+        return None
+    res = (_torch_ops or _load_torch_ops()).attention_packed(q, packed, softmax_scale, causal, deterministic,
+                                                              config, bwd_config, return_attn_probs)
+    if res is None:
+        return None
+    out, lse = res
+    return (out, lse, _no_probs(out)) if return_attn_probs else out
+
+
 def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                               causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                               alibi_slopes=None, deterministic: bool = False,
@@ -850,6 +870,10 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Option
     if getattr(qkv, "ndim", None) != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv: expected shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
+    res = _packed_route(None, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        deterministic, return_attn_probs, config, bwd_config, dropout_seed)
+    if res is not None:
+        return res
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs, config=config, bwd_config=bwd_config,
@@ -865,6 +889,10 @@ def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optio
     if getattr(kv, "ndim", None) != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
+    res = _packed_route(q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        deterministic, return_attn_probs, config, bwd_config, dropout_seed)
+    if res is not None:
+        return res
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                            config=config, bwd_config=bwd_config, dropout_seed=dropout_seed)

@@ -11,7 +11,9 @@ Per shape (batch x seqlen x heads, head dim --hdim):
   the default config with one field changed, or other tiles), fa2_bwd's heuristic, and SDPA's backends;
 * "fwd": the forward alone (no grad): cuflash's default and SDPA's backends;
 * "packed" (--packed): forward + backward on packed qkv (batch, seqlen, 3, heads, d) as the ViT / BERT MHA
-  passes it: cuflash's flash_attn_qkvpacked_func against SDPA on qkv.unbind(2) (models_gpt_timing's wrapper).
+  passes it: cuflash's flash_attn_qkvpacked_func (cf_packed: the gradient written into one dqkv buffer), the
+  route before it (cf_slices: flash_attn_func on qkv's slices, autograd's per-slice zero-filled gradients
+  added), and SDPA on qkv.unbind(2) as models_gpt_timing's wrapper calls it.
 Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms.
 Then each peer runs --profile times under torch.profiler inside its own record_function range (synchronized),
 and its kernels are listed with their mean GPU us per call: where the time of each route goes.
@@ -280,11 +282,14 @@ def main():
                 qq, kk, vv = (t.transpose(1, 2) for t in qkv.unbind(dim=2))
                 return F.scaled_dot_product_attention(qq, kk, vv).transpose(1, 2)
 
-            pk = {"cf_packed": lambda: flash_attn_qkvpacked_func(qkv), "sdpa_packed": sdpa_packed}
+            pk = {"cf_packed": lambda: flash_attn_qkvpacked_func(qkv),
+                  # main's route before the packed gradient (session 30): flash_attn_func on qkv's slices
+                  "cf_slices": lambda: cuflash.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]),
+                  "sdpa_packed": sdpa_packed}
             fb = {n: (lambda fn=fn: torch.autograd.grad(fn(), qkv, dout)) for n, fn in pk.items()}
             g = {n: fn()[0] for n, fn in fb.items()}
-            diff = ((g["cf_packed"].float() - g["sdpa_packed"].float()).abs().max()
-                    / g["sdpa_packed"].float().abs().max()).item()
+            diff = max(((g[n].float() - g["sdpa_packed"].float()).abs().max()
+                        / g["sdpa_packed"].float().abs().max()).item() for n in ("cf_packed", "cf_slices"))
             times = time_interleaved(fb, warmup=3, reps=args.reps, back_to_back=args.b2b)
             tcf = times["cf_packed"].median_ms
             for n in fb:
