@@ -865,8 +865,10 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Option
                               return_attn_probs: bool = False, *, config=None, bwd_config=None,
                               dropout_seed=None):
     """flash_attn_func with q, k, v packed: qkv (batch, seqlen, 3, nheads, headdim). The same
-    as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy;
-    torch autograd gives one gradient for qkv)."""
+    as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy).
+    With torch autograd (eager, no dropout / window / softcap / ALiBi) the backward kernels write
+    dq, dk, dv into one gradient buffer shaped like qkv, as flash-attn does (no per-slice
+    zero-filled gradients to add: _packed_route)."""
     if getattr(qkv, "ndim", None) != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv: expected shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
@@ -885,7 +887,8 @@ def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optio
                              alibi_slopes=None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, config=None, bwd_config=None,
                              dropout_seed=None):
-    """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim)."""
+    """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim); kv's gradient
+    written by the kernels into one buffer, as flash_attn_qkvpacked_func's."""
     if getattr(kv, "ndim", None) != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
