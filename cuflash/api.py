@@ -839,6 +839,17 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
     return out, lse
 
 
+def _split_packed(packed, dim: int) -> tuple:
+    """packed's slices along dim (the q / k / v of a packed tensor): torch's unbind for torch tensors, whose
+    gradient is one stack of the slices' gradients (slicing by index gives each slice's gradient as a
+    zero-filled buffer of packed's size, then adds them: ~3x the memory traffic), views by index otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(packed, torch.Tensor):
+        return packed.unbind(dim)
+    index = (slice(None),) * dim
+    return tuple(packed[index + (i,)] for i in range(packed.shape[dim]))
+
+
 def _packed_route(q, packed, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                   deterministic, return_attn_probs, config, bwd_config, dropout_seed):
     """The packed functions' torch route (torch_ops.attention_packed: the gradient written by the
@@ -876,7 +887,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Option
                         deterministic, return_attn_probs, config, bwd_config, dropout_seed)
     if res is not None:
         return res
-    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+    return flash_attn_func(*_split_packed(qkv, 2), dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs, config=config, bwd_config=bwd_config,
                            dropout_seed=dropout_seed)
@@ -896,7 +907,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optio
                         deterministic, return_attn_probs, config, bwd_config, dropout_seed)
     if res is not None:
         return res
-    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+    return flash_attn_func(q, *_split_packed(kv, 2), dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                            config=config, bwd_config=bwd_config, dropout_seed=dropout_seed)
 
@@ -1501,11 +1512,12 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
                                      window_size=(-1, -1), softcap: float = 0.0,
                                      alibi_slopes=None, deterministic: bool = False,
                                      return_attn_probs: bool = False, *, dropout_seed=None):
-    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen."""
+    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen (torch:
+    the slices by unbind, so that autograd stacks their gradients into qkv's: _split_packed)."""
     if getattr(qkv, "ndim", None) != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv: expected shape (total_tokens, 3, nheads, headdim), got "
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
-    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+    return flash_attn_varlen_func(*_split_packed(qkv, 1), cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, dropout_seed=dropout_seed)
@@ -1520,7 +1532,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     if getattr(kv, "ndim", None) != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv: expected shape (total_tokens_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
-    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    return flash_attn_varlen_func(q, *_split_packed(kv, 1), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
                                   dropout_seed=dropout_seed)

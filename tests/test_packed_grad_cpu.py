@@ -85,3 +85,27 @@ def test_bad_qkv_named():
         cuflash.flash_attn_qkvpacked_func(_rand(1, 4, 2, 1, 8))
     with pytest.raises(ValueError, match="kv"):
         cuflash.flash_attn_kvpacked_func(_rand(1, 4, 1, 8), _rand(1, 4, 3, 1, 8))
+
+
+def test_varlen_packed_split_by_unbind():
+    """flash_attn_varlen_qkvpacked_func / kvpacked_func split torch tensors by unbind (their gradients
+    stacked into the packed tensor's: one stack, not a zero-filled buffer per slice): the same gradients as
+    slicing by index."""
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    qkv = _rand(8, 3, 2, 8)
+    out = cuflash.flash_attn_varlen_qkvpacked_func(qkv, cu, 5, causal=True)
+    assert "Unbind" in type(out.grad_fn.next_functions[0][0]).__name__ or any(
+        "Unbind" in type(f).__name__ for f, _ in out.grad_fn.next_functions if f is not None)
+    dout = torch.randn_like(out)
+    (g,) = torch.autograd.grad(out, qkv, dout)
+    y = qkv.detach().clone().requires_grad_()
+    ref = cuflash.flash_attn_varlen_func(y[:, 0], y[:, 1], y[:, 2], cu, cu, 5, 5, causal=True)
+    (g2,) = torch.autograd.grad(ref, y, dout)
+    assert torch.allclose(g, g2, rtol=0, atol=1e-12)
+    q, kv = _rand(8, 2, 8), _rand(8, 2, 1, 8)
+    out = cuflash.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, 5, 5)
+    g = torch.autograd.grad(out, (q, kv), dout)
+    a, b = q.detach().clone().requires_grad_(), kv.detach().clone().requires_grad_()
+    ref = cuflash.flash_attn_varlen_func(a, b[:, 0], b[:, 1], cu, cu, 5, 5)
+    g2 = torch.autograd.grad(ref, (a, b), dout)
+    assert all(torch.allclose(x, y, rtol=0, atol=1e-12) for x, y in zip(g, g2))
