@@ -11,7 +11,7 @@ bg warmdet 18 python -m cuflash warmup --op fwd,bwd --dtype bf16 --hdim 64 --cau
 wait
 bg tcomp 22 python tests/short_seq_timing.py --compile-only --shapes $cellsA $common $fvA
 bg gputest 22 python -m pytest -q -p no:cacheprovider tests/test_short_seq_gpu.py
-bg vartest 22 python -m pytest -q -p no:cacheprovider tests/test_varlen_gpu.py -k packed_variants tests/test_packed_grad_gpu.py
+bg vartest 22 python -m pytest -q -p no:cacheprovider tests/test_varlen_gpu.py::test_varlen_packed_variants_match
 bg memcheck 22 compute-sanitizer --tool memcheck --print-limit 20 python tests/short_seq_sanitize.py
 bg racecheck 22 compute-sanitizer --tool racecheck --print-limit 20 python tests/short_seq_sanitize.py --quick
 bg synccheck 22 compute-sanitizer --tool synccheck --print-limit 20 python tests/short_seq_sanitize.py --quick
