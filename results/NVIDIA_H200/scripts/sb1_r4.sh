@@ -13,7 +13,7 @@ wait
 bg gputest 22 python -m pytest -q -p no:cacheprovider tests/test_short_seq_gpu.py -k forward_short_bn
 bg gputest2 22 python -m pytest -q -p no:cacheprovider tests/test_packed_grad_gpu.py
 wait
-step timeA 14 python tests/short_seq_timing.py --no-precompile --shapes $cells $common --out "$L/timeA.json"
-step timeB 14 python tests/short_seq_timing.py --no-precompile --shapes $cells $common --out "$L/timeB.json"
-step vit 15 python tests/models_vit_timing.py --batch 64 --iters 8 --out "$L/vit.json"
+step timeA 16 python tests/short_seq_timing.py --no-precompile --shapes $cells $common --out "$L/timeA.json"
+step timeB 16 python tests/short_seq_timing.py --no-precompile --shapes $cells $common --out "$L/timeB.json"
+step vit 14 python tests/models_vit_timing.py --batch 64 --iters 8 --out "$L/vit.json"
 echo "total $(el) s" >> "$L/steps.log"
