@@ -11,7 +11,8 @@
 * flash_attn_qkvpacked_func's packed gradient (dq, dk, dv written into one strided buffer): equal bit for bit to
   the per-slice route's, deterministic.
 --quick: one shape per part (racecheck / synccheck are slow); without it also a shape with more K/V tiles than
-SMs (the dynamic scheduler's tile claims across tiles).
+SMs (the dynamic scheduler's tile claims across tiles). --rest: the default kernels --quick leaves out
+(--rest --precompile: compile them first, in parallel processes, and exit).
 """
 import os
 import sys
@@ -89,6 +90,26 @@ def packed_part(cases):
 
 def main():
     api.POISON_OUTPUTS = True
+    if "--rest" in sys.argv:
+        # the default kernels --quick leaves to memcheck alone: fp16's non-causal backward (q_rotate, wide_epi) and
+        # the forward BNs 144 / 160 / 176 in both dtypes
+        if "--precompile" in sys.argv:
+            from cuflash.compile import precompile
+
+            b, f = registry.get("sm90_bwd"), registry.get("sm90_fwd")
+            pb = Problem("bwd", "fp16", 1, 197, 197, 2, 2, 64, False)
+            hb = b.for_problem(b.heuristic(pb, _gpu.arch()), pb)
+            todo = [hb, hb.replace(wide_epi=False)]
+            for dt in ("bf16", "fp16"):
+                pf = Problem("fwd", dt, 1, 197, 197, 2, 2, 64, False)
+                hf = f.for_problem(f.heuristic(pf, _gpu.arch()), pf)
+                todo += [hf] + [hf.replace(BN=bn) for bn in SHORT_BNS[2:]]
+            print([(c.name, e) for c, _, e in precompile(todo) if e] or f"{len(todo)} kernels compiled", flush=True)
+            return
+        bwd_part([("fp16", 1, 197, 197, 2, False)])
+        fwd_part([("bf16", 1, 197, 197, 2, False), ("fp16", 1, 197, 197, 2, False)], SHORT_BNS[2:])
+        print("short_seq sanitize done")
+        return
     quick = "--quick" in sys.argv
     bwd = [("bf16", 1, 197, 197, 2, False), ("fp16", 1, 113, 301, 2, True)]
     if not quick:
