@@ -839,18 +839,55 @@ def _dropout_cupy(q, k, v, tq: _Tensor, problem: Problem, scale: float, seed: in
     return out, lse
 
 
+def _split_packed(packed, dim: int) -> tuple:
+    """packed's slices along dim (the q / k / v of a packed tensor): torch's unbind for torch tensors, whose
+    gradient is one stack of the slices' gradients (slicing by index gives each slice's gradient as a
+    zero-filled buffer of packed's size, then adds them: ~3x the memory traffic), views by index otherwise."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(packed, torch.Tensor):
+        return packed.unbind(dim)
+    index = (slice(None),) * dim
+    return tuple(packed[index + (i,)] for i in range(packed.shape[dim]))
+
+
+def _packed_route(q, packed, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                  deterministic, return_attn_probs, config, bwd_config, dropout_seed):
+    """The packed functions' torch route (torch_ops.attention_packed: the gradient written by the
+    kernels into one packed buffer, no per-slice zero-filled buffers), or None for the per-tensor
+    route of flash_attn_func on the slices: features, FP8, arrays other than torch's, calls that
+    need no gradient, torch.compile."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(packed, torch.Tensor) or (q is not None and not isinstance(q, torch.Tensor)):
+        return None
+    if dropout_p or softcap or alibi_slopes is not None or dropout_seed is not None or _windowed(window_size) \
+            or _is_fp8(packed):
+        return None
+    res = (_torch_ops or _load_torch_ops()).attention_packed(q, packed, softmax_scale, causal, deterministic,
+                                                              config, bwd_config, return_attn_probs)
+    if res is None:
+        return None
+    out, lse = res
+    return (out, lse, _no_probs(out)) if return_attn_probs else out
+
+
 def flash_attn_qkvpacked_func(qkv, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                               causal: bool = False, window_size=(-1, -1), softcap: float = 0.0,
                               alibi_slopes=None, deterministic: bool = False,
                               return_attn_probs: bool = False, *, config=None, bwd_config=None,
                               dropout_seed=None):
     """flash_attn_func with q, k, v packed: qkv (batch, seqlen, 3, nheads, headdim). The same
-    as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy;
-    torch autograd gives one gradient for qkv)."""
+    as flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], ...) (strided views, no copy).
+    With torch autograd (eager, no dropout / window / softcap / ALiBi) the backward kernels write
+    dq, dk, dv into one gradient buffer shaped like qkv, as flash-attn does (no per-slice
+    zero-filled gradients to add: _packed_route)."""
     if getattr(qkv, "ndim", None) != 5 or qkv.shape[2] != 3:
         raise ValueError(f"qkv: expected shape (batch, seqlen, 3, nheads, headdim), got "
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
-    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+    res = _packed_route(None, qkv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        deterministic, return_attn_probs, config, bwd_config, dropout_seed)
+    if res is not None:
+        return res
+    return flash_attn_func(*_split_packed(qkv, 2), dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic,
                            return_attn_probs, config=config, bwd_config=bwd_config,
                            dropout_seed=dropout_seed)
@@ -861,11 +898,16 @@ def flash_attn_kvpacked_func(q, kv, dropout_p: float = 0.0, softmax_scale: Optio
                              alibi_slopes=None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, config=None, bwd_config=None,
                              dropout_seed=None):
-    """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim)."""
+    """flash_attn_func with k, v packed: kv (batch, seqlen_k, 2, nheads_kv, headdim); kv's gradient
+    written by the kernels into one buffer, as flash_attn_qkvpacked_func's."""
     if getattr(kv, "ndim", None) != 5 or kv.shape[2] != 2:
         raise ValueError(f"kv: expected shape (batch, seqlen_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
-    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+    res = _packed_route(q, kv, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                        deterministic, return_attn_probs, config, bwd_config, dropout_seed)
+    if res is not None:
+        return res
+    return flash_attn_func(q, *_split_packed(kv, 2), dropout_p, softmax_scale, causal,
                            window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
                            config=config, bwd_config=bwd_config, dropout_seed=dropout_seed)
 
@@ -1470,11 +1512,12 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p: flo
                                      window_size=(-1, -1), softcap: float = 0.0,
                                      alibi_slopes=None, deterministic: bool = False,
                                      return_attn_probs: bool = False, *, dropout_seed=None):
-    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen."""
+    """flash_attn_varlen_func with qkv (total, 3, nheads, headdim) and one cu_seqlens / max_seqlen (torch:
+    the slices by unbind, so that autograd stacks their gradients into qkv's: _split_packed)."""
     if getattr(qkv, "ndim", None) != 4 or qkv.shape[1] != 3:
         raise ValueError(f"qkv: expected shape (total_tokens, 3, nheads, headdim), got "
                          f"{tuple(getattr(qkv, 'shape', ())) or type(qkv).__name__}")
-    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens,
+    return flash_attn_varlen_func(*_split_packed(qkv, 1), cu_seqlens, cu_seqlens,
                                   max_seqlen, max_seqlen, dropout_p, softmax_scale, causal,
                                   window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, dropout_seed=dropout_seed)
@@ -1489,7 +1532,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     if getattr(kv, "ndim", None) != 4 or kv.shape[1] != 2:
         raise ValueError(f"kv: expected shape (total_tokens_k, 2, nheads_kv, headdim), got "
                          f"{tuple(getattr(kv, 'shape', ())) or type(kv).__name__}")
-    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    return flash_attn_varlen_func(q, *_split_packed(kv, 1), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs,
                                   dropout_seed=dropout_seed)

@@ -193,7 +193,10 @@ def _fwd_reference(q, k, v, softmax_scale, causal):
 # ---------------------------------------------------------------------------------------
 # backward
 
-def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
+def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config, grad_strides=None):
+    """The verdict of a backward call shape (see _bwd_verdict). grad_strides: (dq, dk, dv) element
+    strides of the gradients the plan writes, when they are slices of one packed buffer (backward_packed);
+    None: fresh contiguous ones."""
     tq, tk, tv, scale, problem = api.check_qkv(q, k, v, scale, causal, "bwd", deterministic)
     tdo, to = api.check_bwd_tensors(tq, dout, out, lse)  # the raw op is called unchecked too
     api.check_config("config", config, problem)
@@ -208,9 +211,10 @@ def _bwd_entry(dout, q, k, v, out, lse, scale, causal, deterministic, config):
     unaligned = lambda t: api._Tensor(t.kind, t.dtype, t.shape, t.strides, 0, t.device)  # noqa: E731
     if api.layout_problem(unaligned(to)) or not lse.is_contiguous():
         return "copy"
+    dq_st, dk_st, dv_st = grad_strides or (api.out_strides(tq.shape), api.out_strides(tk.shape),
+                                           api.out_strides(tk.shape))
     strides = {"dout": tdo.strides, "q": tq.strides, "k": tk.strides, "v": tv.strides,
-               "o": to.strides, "dq": api.out_strides(tq.shape),
-               "dk": api.out_strides(tk.shape), "dv": api.out_strides(tk.shape)}
+               "o": to.strides, "dq": tuple(dq_st), "dk": tuple(dk_st), "dv": tuple(dv_st)}
     plan = api.make_plan(problem, strides, scale, tq.device, config)
     # a family with dout_any_strides reads dout through any strides (fa2_bwd: its preprocess
     # copies it when the main kernel cannot read it in place), e.g. the stride-0 broadcast of
@@ -302,6 +306,47 @@ def _bwd_run(plan, ptrs: tuple, q, k, v, q_shape=None, kv_shape=None) -> tuple:
     plan.run(ptrs + (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(),
              _raw_stream(plan.device))
     return dq, dk, dv
+
+
+def backward_packed(dout, q, packed, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
+                    config=None) -> tuple:
+    """(dq, dpacked) of flash_attn_qkvpacked_func (q None, packed = qkv (batch, seqlen, 3, nheads,
+    headdim): dq None) or flash_attn_kvpacked_func (packed = kv (batch, seqlen_k, 2, nheads_kv,
+    headdim)): the kernels write dk, dv (and dq) straight into the slices of one contiguous buffer
+    shaped like ``packed``, as flash-attn does. Through the views qkv[:, :, i] instead, autograd
+    would build each slice's gradient as a zero-filled buffer of packed's size and add the three.
+    Where no single plan runs the call (reference, padding, empty problems) the gradients are
+    computed as backward_impl does and stacked."""
+    if q is None:
+        q, k, v = packed.unbind(2)
+    else:
+        k, v = packed.unbind(2)
+    dpacked = packed.new_empty(*packed.shape)
+    grads = dpacked.unbind(2)
+    dq = q.new_empty(*q.shape) if len(grads) == 2 else grads[0]
+    dk, dv = grads[-2:]
+    key = (_bwd_key(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config),
+           dq.stride(), dk.stride())
+    plan = _bwd_plans.get(key)
+    if plan is None:
+        plan = _bwd_plans[key] = _bwd_entry(dout, q, k, v, out, lse, softmax_scale, causal, deterministic,
+                                            config, (dq.stride(), dk.stride(), dv.stride()))
+    if plan.__class__ is str and plan == "copy":   # dout (or out, lse) in a layout the kernels do not read
+        dout, out, lse = _aligned(dout), _aligned(out), lse.contiguous()
+        return backward_packed(dout, None if len(grads) == 3 else q, packed, out, lse, softmax_scale,
+                               causal, deterministic, config)
+    ptrs = (dout.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr())
+    if plan.__class__ is str or (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15:
+        g = backward_impl(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+        if len(grads) == 3:
+            return None, torch.stack(g, dim=2)
+        return g[0], torch.stack(g[1:], dim=2)
+    ws = q.new_empty(plan.workspace_bytes, dtype=torch.uint8)
+    if api.POISON_OUTPUTS:
+        dq.fill_(math.nan)
+        dpacked.fill_(math.nan)
+    plan.run(ptrs + (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()), ws.data_ptr(), _raw_stream(plan.device))
+    return (None if len(grads) == 3 else dq), dpacked
 
 
 def _bwd_reference(dout, q, k, v, softmax_scale, causal):
@@ -430,6 +475,56 @@ class FlashAttnFn(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
             dq, dk, dv = _NoDoubleBackward.apply(dq, dk, dv, q, k, v, dout)
         return dq, dk, dv, None
+
+
+class FlashAttnPackedFn(torch.autograd.Function):
+    """flash_attn_qkvpacked_func / flash_attn_kvpacked_func's autograd (eager, no features): out =
+    attention(q, k, v) of the packed tensor's slices (q None: qkv (batch, seqlen, 3, nheads,
+    headdim); else kv (batch, seqlen_k, 2, nheads_kv, headdim)); the backward writes the gradients
+    into one packed buffer (backward_packed). args as FlashAttnFn's."""
+
+    @staticmethod
+    def forward(ctx, q, packed, args):
+        softmax_scale, causal, deterministic, config, bwd_config, with_lse = args
+        if q is None:
+            qq, k, v = packed.unbind(2)
+        else:
+            qq, (k, v) = q, packed.unbind(2)
+        out, lse = forward(qq, k, v, softmax_scale, causal, config, bwd_config)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, packed, out, lse)
+        ctx.state = (_scale(softmax_scale, qq.shape[-1]), causal, deterministic, bwd_config)
+        if not with_lse:
+            return out
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse=None):
+        q, packed, out, lse = ctx.saved_tensors
+        scale, causal, deterministic, bwd_config = ctx.state
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dpacked = backward_packed(dout, q, packed, out, lse, scale, causal, deterministic, bwd_config)
+        if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
+            dq, dpacked, _ = _NoDoubleBackward.apply(dpacked if dq is None else dq, dpacked, dpacked,
+                                                     packed, dout)
+            dq = None if q is None else dq
+        return dq, dpacked, None
+
+
+def attention_packed(q, packed, softmax_scale, causal: bool, deterministic: bool, config, bwd_config,
+                     with_lse: bool = True):
+    """flash_attn_qkvpacked_func (q None) / flash_attn_kvpacked_func on torch tensors that need
+    gradients, eager: (out, lse) through FlashAttnPackedFn, or None where the caller should take
+    the per-tensor route (torch.compile, functorch transforms, no gradient wanted)."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or torch._C._are_functorch_transforms_active():
+        return None
+    if not (packed.requires_grad or (q is not None and q.requires_grad)):
+        return None
+    res = FlashAttnPackedFn.apply(q, packed, (softmax_scale, bool(causal), bool(deterministic), config,
+                                              bwd_config, with_lse))
+    return res if with_lse else (res, None)
 
 
 # FlashAttnFn.apply without its Python wrapper (autograd.Function.apply: ~3 µs per call),

@@ -298,9 +298,17 @@ def decode_configs(calls: DecodeCalls, dtypes, head_dims, causals, device: int =
 
 # ---------------------------------------------------------------------------------------
 
+def short_seqlens() -> tuple:
+    """Lengths below the buckets whose calls select their own kernels (select.SHORT_EXACT): sm90_fwd's short-key
+    K/V block widths, one length per width of SHORT_KEYS_BNS (a length equal to a width takes it)."""
+    from .families.sm90_fwd import SHORT_KEYS_BNS
+
+    return tuple(bn for bn in SHORT_KEYS_BNS if bn < SEQLEN_BUCKETS[0])
+
+
 def configs_to_warm(ops, dtypes, head_dims, causals, device: int = 0, features=(), deterministic: bool = False,
                     varlen: bool = False, decode: DecodeCalls | None = None) -> list:
-    """The distinct configs selection picks for these classes, over all seqlen buckets; with
+    """The distinct configs selection picks for these classes, over all seqlen buckets (and short_seqlens); with
     ``features`` (names or mixes), also those of each feature call (as their plans compile them:
     the choice, then the call's bounds, ``Family.for_bounds``); ``deterministic``: the backward
     calls' flag; ``varlen``: the varlen calls too (plain and each feature call); ``decode``: the
@@ -317,7 +325,7 @@ def configs_to_warm(ops, dtypes, head_dims, causals, device: int = 0, features=(
         for dtype in dtypes:
             for d in head_dims:
                 for causal in causals:
-                    for s in SEQLEN_BUCKETS:
+                    for s in SEQLEN_BUCKETS + short_seqlens():
                         problem = Problem(op, dtype, 1, s, s, 1, 1, d, causal, bool(deterministic) and op == "bwd")
                         try:
                             family, cfg, _ = choose_on_device(problem, device)

@@ -585,7 +585,9 @@ def test_gpu_sanitize_forces_the_heuristic_of_the_calls_features():
     assert drop.features == ("dropout",) and sm90.supports((9, 0), drop) == ""
     assert fa2.heuristic(drop, (8, 0)).Bc == 32
     # d 64: dropout's BN is the plain one since the 32-key Philox layout; d 128: narrower
-    assert sm90.heuristic(drop, (9, 0)).BN == 192 == sm90.heuristic(drop.replace(features=()), (9, 0)).BN
+    # (the plain call at more keys than SHORT_KEYS_MAX: below them plain calls take short_keys_bn's width)
+    assert sm90.heuristic(drop, (9, 0)).BN == 192 == sm90.heuristic(drop.replace(features=(), seqlen_k=1000),
+                                                                   (9, 0)).BN
     drop128 = drop.replace(head_dim=128)
     # (the plain d128 call below 16k keys runs BN 160 too: the dynamic schedule with the TMA store)
     assert sm90.heuristic(drop128, (9, 0)).BN == 160 < sm90.heuristic(

@@ -436,9 +436,18 @@ DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 #   classes, fp16 d128 causal, d256 non-causal in both dtypes, fp16 d256 causal) were not reached in round 2 (its time
 #   ran out): they keep the 4-byte stores until measured (their kernels compile clean with it:
 #   tests/test_sm90_bwd_wide_dyn_cpu.py).
+#   Session 30 (sb1, issue 12's short sequences; one H200, tests/short_seq_timing.py, the backward alone x the
+#   heuristic without it in the same process, processes A / B; results/NVIDIA_H200/logs/session30_sb1/r2): d64 bf16
+#   non-causal 64 x 197 x 12 heads 0.884 / 0.890, 128 x 128 x 12 0.926 / 0.922, 32 x 512 x 12 0.871 / 0.873,
+#   64 x 577 x 16 0.905 / 0.905, 8 x 2048 x 32 0.965 / 0.963, 2 x 8192 x 32 0.999 / 0.995; fp16 non-causal (A)
+#   64 x 197 0.881, 8 x 2048 0.925: on for both (d64 causal unmeasured: off). Its GPU tests (tests/test_short_seq_gpu.py)
+#   and memcheck / racecheck / synccheck (tests/short_seq_sanitize.py) there. Round 4 (as shipped, the host alone; r4):
+#   256 x 197 x 12 0.872 / 0.873, 256 x 128 x 12 0.858 / 0.856, 128 x 512 x 12 0.865 / 0.859, 64 x 577 x 16 0.899 /
+#   0.904, 8 x 2048 x 32 0.972 / 0.965, 2 x 8192 x 32 1.012 (B; r2 0.999 / 0.995); fp16 256 x 197 0.877 (B). Up to
+#   2048 queries only (WIDE_EPI_MAX_SEQLEN_BY): at 8k it measured no faster.
 HEURISTIC_WIDE_EPI: frozenset = frozenset({(128, False, "bf16"), (128, False, "fp16"), (128, True, "bf16"),
-                                           (256, True, "bf16")})
-WIDE_EPI_MAX_SEQLEN_BY: dict = {}
+                                           (256, True, "bf16"), (64, False, "bf16"), (64, False, "fp16")})
+WIDE_EPI_MAX_SEQLEN_BY: dict = {(64, False, "bf16"): 2048, (64, False, "fp16"): 2048}
 # * SOFTCAP_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose softcap calls (softcap alone, MHA,
 #   fixed lengths, unordered) take wide_epi too. Measured (session 22, cap9, round 1: tests/softcap_bwd_timing.py,
 #   bf16 d128 batch 2 x 16 heads x 8k, softcap 30, x the plain call of the same process, 8 interleaved samples;

@@ -167,6 +167,24 @@ MAX_SECTION = 1024
 # (BM 192 leaves more of the last Q block empty) it is unmeasured: the 2-consumer tile stays.
 HEURISTIC_D64: dict = {False: dict(BM=192, consumers=3, BN=128), True: dict(BM=192, consumers=3, BN=128)}
 HEURISTIC_D64_MIN_BUCKET = 2048
+# Short keys (issue 12: ViT 197 / 577 tokens, BERT 128 / 512): plain non-causal head-dim-64 calls with at most
+# SHORT_KEYS_MAX keys take the K/V block width of SHORT_KEYS_BNS that pads seqlen_k the least (ties: the fewest
+# blocks; short_keys_bn: 197 -> 112, 128 -> 128, 257 -> 144, 512 -> 128, 577 -> 160), on the 2-consumer
+# dynamic tile, where BN 192 padded 197 keys to 384 and 128 to 192. Measured on one H200 (session 30, sb1 round 2,
+# tests/short_seq_timing.py, bf16, forward alone x BN 192 in the same process, two processes A / B;
+# results/NVIDIA_H200/logs/session30_sb1/r2): 64 x 197 x 12 heads 0.763 / 0.767 (BN 112; BN 128 0.790, 144 0.849,
+# 160 0.912, 176 0.971), 128 x 128 x 12 0.881 / 0.863 (BN 128), 32 x 512 x 12 BN 128 0.921 (BN 176 0.957 / 0.956),
+# 64 x 577 x 16 0.882 / 0.883 (BN 160; BN 128 0.889); fp16 64 x 197 0.763 (A). The non-persistent grid was
+# slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Causal calls and longer keys
+# keep BN 192 (unmeasured); select.choose_on_device caches short calls per length (SHORT_EXACT).
+SHORT_KEYS_MAX = 768
+SHORT_KEYS_BNS = (112, 128, 144, 160, 176, 192)
+
+
+def short_keys_bn(seqlen_k: int) -> int:
+    """The BN of SHORT_KEYS_BNS whose blocks cover seqlen_k with the fewest padded keys, then the fewest blocks."""
+    return min(SHORT_KEYS_BNS, key=lambda bn: (-(-seqlen_k // bn) * bn, -(-seqlen_k // bn)))
+
 # q_double (two Q buffers: a tile's first S does not wait for its Q load) on that d64 tile, by (causal,
 # seqlen bucket). Measured on the H100 (session 16, tests/sm90_fwd_cells_timing.py, bf16, back to back,
 # samples interleaved, x SDPA cuDNN of the same rounds): causal 2k 0.986 / 0.987 / 0.984 -> 1.006 /
@@ -1436,6 +1454,9 @@ class Sm90Forward(Family):
             cfg = cfg.replace(**HEURISTIC_D64[bool(problem.causal)])   # (first_fitting: the fallbacks)
             if (bool(problem.causal), problem.bucket) in HEURISTIC_D64_Q_DOUBLE:
                 cfg = cfg.replace(q_double=True)
+        if (d == 64 and dynamic and not problem.causal and not problem.features and not is_varlen(problem)
+                and problem.seqlen_k <= SHORT_KEYS_MAX and cfg.BM == 128 and cfg.consumers == 2):
+            cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k))   # (short keys: the least padding)
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
