@@ -527,16 +527,26 @@ def attention_packed(q, packed, softmax_scale, causal: bool, deterministic: bool
     return res if with_lse else (res, None)
 
 
-# FlashAttnFn.apply without its Python wrapper (autograd.Function.apply: ~3 µs per call),
-# for eager calls outside functorch transforms, where that wrapper only unwraps dead
-# functorch wrappers (_unwrap_dead below) before calling this; torch.compile and
-# functorch transforms (vmap, grad, ...) go through FlashAttnFn.apply.
+# An autograd.Function's apply without its Python wrapper (autograd.Function.apply: ~3 µs per
+# call), for eager calls outside functorch transforms, where that wrapper only unwraps dead
+# functorch wrappers (_unwrap_dead) before calling it; torch.compile and functorch transforms
+# (vmap, grad, ...) go through the public apply. The eager fast paths of the attention, its
+# feature and varlen calls and the norms bind theirs with raw_apply.
 try:
-    _fn_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, FlashAttnFn)
     _functorch_active = torch._C._are_functorch_transforms_active
     _unwrap_dead = torch._C._functorch.unwrap_if_dead
+    _raw_function_apply = torch._C._FunctionBase.__dict__["apply"]
 except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
-    _fn_apply = None
+    _raw_function_apply = None
+
+
+def raw_apply(fn_cls):
+    """fn_cls.apply without the Python wrapper, or None on a torch without it (callers then take
+    fn_cls.apply)."""
+    return None if _raw_function_apply is None else _raw_function_apply.__get__(None, fn_cls)
+
+
+_fn_apply = raw_apply(FlashAttnFn)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1554,10 +1564,7 @@ class FeatureFastFn(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-try:  # FeatureFastFn.apply without its Python wrapper, as _fn_apply (eager, no functorch)
-    _feat_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, FeatureFastFn)
-except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
-    _feat_apply = None
+_feat_apply = raw_apply(FeatureFastFn)   # eager, no functorch (as _fn_apply)
 
 
 def keyable(softmax_scale, window_size, softcap, dropout_p) -> bool:

@@ -796,11 +796,9 @@ class VarlenFastFn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-try:  # VarlenFastFn.apply without its Python wrapper (as cuflash.torch_ops._fn_apply)
-    _fast_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, VarlenFastFn)
-    from .torch_ops import _functorch_active, _unwrap_dead
-except (AttributeError, KeyError, ImportError):  # pragma: no cover - another torch: the public route
-    _fast_apply = None
+from .torch_ops import _functorch_active, _unwrap_dead, raw_apply  # noqa: E402
+
+_fast_apply = raw_apply(VarlenFastFn)   # VarlenFastFn.apply without its Python wrapper (eager, no functorch)
 
 
 def fast_attention(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal,

@@ -246,15 +246,11 @@ class _EntryNormFn(torch.autograd.Function):
         return None, dx, dw, db, dresid
 
 
-# _EntryNormFn.apply without its Python wrapper (autograd.Function.apply, which outside functorch
-# transforms only unwraps dead functorch wrappers before this call), as torch_ops._fn_apply: the
-# eager fast path's recorded forward (issue 12, session 30: host µs per call). None: the public apply.
-try:
-    _entry_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EntryNormFn)
-    _functorch_active = torch._C._are_functorch_transforms_active
-    _unwrap_dead = torch._C._functorch.unwrap_if_dead
-except (AttributeError, KeyError):  # pragma: no cover - another torch: the public route
-    _entry_apply = None
+# _EntryNormFn.apply without its Python wrapper (torch_ops.raw_apply): the eager fast path's
+# recorded forward (issue 12, session 30: host µs per call). None: the public apply.
+from ..torch_ops import _functorch_active, _unwrap_dead, raw_apply  # noqa: E402
+
+_entry_apply = raw_apply(_EntryNormFn)
 
 
 def _fast_call(entry, x, weight, bias, residual, prenorm):
