@@ -991,8 +991,13 @@ def _values_unreadable(cu, kind: str) -> bool:
     break the capture). The values are then the caller's responsibility, as in flash-attn."""
     if kind == "numpy":
         return False  # host values (the CPU reference needs them)
-    if kind == "torch" and cu.device.type != "cuda":  # fake tensors while torch.compile traces
-        return sys.modules["torch"].compiler.is_compiling()
+    if kind == "torch":
+        if sys.modules["torch"].compiler.is_compiling():
+            # fake tensors while torch.compile traces: no values (checked before the context
+            # variable, whose get() dynamo cannot trace)
+            return True
+        if cu.device.type != "cuda":
+            return False
     if not CHECK_CU_SEQLENS or _TRUSTED_CU_SEQLENS.get():
         return True
     if kind != "torch":
