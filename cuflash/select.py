@@ -538,21 +538,21 @@ def _register_drop() -> None:
 _register_drop()
 
 
-# Calls whose sequence lengths are both at most SHORT_EXACT are cached per (seqlen_q, seqlen_k), not per bucket:
-# heuristics may depend on the lengths there (sm90_fwd's short_keys_bn: the K/V block width of the least padding).
+# Calls of at most SHORT_EXACT keys are cached per seqlen_k, not per bucket: heuristics may depend on a short
+# seqlen_k (sm90_fwd's short_keys_bn: the K/V block width of the least padding). seqlen_q is not part of the key
+# (no heuristic reads it below the buckets), so the cache holds at most SHORT_EXACT entries more per class.
 SHORT_EXACT = 1024
 
 
 def choose_on_device(problem: Problem, device: int, config=None):
     """``choose`` for the GPU ``device``, cached per (problem class, bucket, flags, device,
     kernel directory, config) and the softcap's value (sm90_fwd's heuristic picks the step's copies by
-    whether the cap allows the fixed max: MASKED_COPY_ROW_MAX); short calls per length too (SHORT_EXACT)."""
+    whether the cap allows the fixed max: MASKED_COPY_ROW_MAX); short calls per seqlen_k too (SHORT_EXACT)."""
     from . import _gpu
 
-    lengths = (problem.seqlen_q, problem.seqlen_k) \
-        if problem.seqlen_q <= SHORT_EXACT and problem.seqlen_k <= SHORT_EXACT else None
+    short_k = problem.seqlen_k if problem.seqlen_k <= SHORT_EXACT else None
     key = (problem.class_key, problem.bucket, problem.deterministic, device, config,
-           problem.softcap if "softcap" in problem.features else 0.0, lengths)
+           problem.softcap if "softcap" in problem.features else 0.0, short_k)
     hit = _chosen.get(key)
     if hit is None:
         arch = _gpu.arch(device)

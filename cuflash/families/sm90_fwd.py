@@ -176,7 +176,7 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # 160 0.912, 176 0.971), 128 x 128 x 12 0.881 / 0.863 (BN 128), 32 x 512 x 12 BN 128 0.921 (BN 176 0.957 / 0.956),
 # 64 x 577 x 16 0.882 / 0.883 (BN 160; BN 128 0.889); fp16 64 x 197 0.763 (A). The non-persistent grid was
 # slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Causal calls and longer keys
-# keep BN 192 (unmeasured); select.choose_on_device caches short calls per length (SHORT_EXACT).
+# keep BN 192 (unmeasured); select.choose_on_device caches short calls per seqlen_k (SHORT_EXACT).
 SHORT_KEYS_MAX = 768
 SHORT_KEYS_BNS = (112, 128, 144, 160, 176, 192)
 
