@@ -507,9 +507,10 @@ class FlashAttnPackedFn(torch.autograd.Function):
             dout = torch.zeros_like(out)
         dq, dpacked = backward_packed(dout, q, packed, out, lse, scale, causal, deterministic, bwd_config)
         if torch.is_grad_enabled():  # create_graph=True: allow first order, refuse second
-            dq, dpacked, _ = _NoDoubleBackward.apply(dpacked if dq is None else dq, dpacked, dpacked,
-                                                     packed, dout)
-            dq = None if q is None else dq
+            # (qkv: dpacked stands in for the three; kv: q anchors dq too, whether or not kv needs grad)
+            anchors = (packed, dout) if q is None else (q, packed, dout)
+            first, dpacked, _ = _NoDoubleBackward.apply(dpacked if dq is None else dq, dpacked, dpacked, *anchors)
+            dq = None if q is None else first
         return dq, dpacked, None
 
 

@@ -80,6 +80,17 @@ def test_double_backward_refused():
         g.sum().backward()
 
 
+
+def test_double_backward_refused_kvpacked_frozen_kv():
+    """q needs a gradient, kv does not: q anchors dq, so a second order raises the same refusal (not
+    autograd's 'does not require grad')."""
+    q = _rand(1, 5, 2, 8)
+    kv = torch.randn(1, 6, 2, 2, 8, dtype=torch.float64)
+    out = cuflash.flash_attn_kvpacked_func(q, kv)
+    (g,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        g.sum().backward()
+
 def test_bad_qkv_named():
     with pytest.raises(ValueError, match="qkv"):
         cuflash.flash_attn_qkvpacked_func(_rand(1, 4, 2, 1, 8))
