@@ -351,11 +351,14 @@ class _AttentionLayer(nn.Module):
         lengths = (inference_params.lengths_per_sample[:batch] if inference_params.lengths_per_sample is not None
                    else inference_params.seqlen_offset)
         attn = self.inner_cross_attn
+        # keys = cache + new tokens only where the slopes depend on them (BTLM): for the rest no per-step add
+        # (a kernel launch per layer and token when lengths_per_sample is a tensor)
+        slopes = attn.slopes_for() if attn.alibi_train_seqlen is None else attn.slopes_for(lengths + q.shape[1])
         return flash_attn_with_kvcache(q, cache[:, :, 0], cache[:, :, 1], kv[:, :, 0], kv[:, :, 1],
                                        rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths,
                                        softmax_scale=attn.softmax_scale, causal=attn.causal,
                                        rotary_interleaved=self.rotary_emb.interleaved if rotary else False,
-                                       alibi_slopes=attn.slopes_for(lengths + q.shape[1]))
+                                       alibi_slopes=slopes)
 
     def _update_kvcache_attention(self, q, kv, inference_params):
         """kv into the cache, then q's attention over it."""
