@@ -74,7 +74,10 @@ def vit(flash, dtype, device="cuda", state=None, **kw):
 VIT_CASES = {"token_fused_ln": {}, "token": {}, "avg": dict(global_pool="avg"),
              # session 30: timm's LayerScale and avgmax pooling
              "token_fused_ln_layer_scale": dict(init_values=0.5), "avgmax_layer_scale": dict(global_pool="avgmax",
-                                                                                          init_values=0.5)}
+                                                                                          init_values=0.5),
+             # session 31: timm's MAP head (a 1-query cross-attention over the patch tokens, cuflash's kernels)
+             "map_no_cls": dict(global_pool="map", class_token=False),
+             "map_fused_ln_cls_fc_norm": dict(global_pool="map", fc_norm=True)}
 
 
 @pytest.mark.parametrize("case", list(VIT_CASES))
@@ -86,7 +89,7 @@ def test_vit_bf16_vs_float64(case):
             if "norm" in name or name.endswith("bias") or name.endswith("gamma"):
                 p.add_(torch.randn_like(p) * 0.2)
     state = ref.state_dict()
-    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln=case.startswith("token_fused_ln"), **kw)
+    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln="fused_ln" in case, **kw)
     plain = vit(False, torch.bfloat16, state=state, **kw)
     img = torch.randn(6, 3, 48, 40)
     labels = torch.randint(0, 10, (6,))
@@ -94,6 +97,8 @@ def test_vit_bf16_vs_float64(case):
     names = ["patch_embed.proj.weight", "blocks.0.mixer.Wqkv.weight", f"blocks.2.mixer.{last}.weight", "pos_embed"]
     if "init_values" in kw:
         names += ["blocks.1.ls1.gamma", "blocks.2.ls2.gamma"]
+    if kw.get("global_pool") == "map":
+        names += ["attn_pool.latent", "attn_pool.q.weight", "attn_pool.kv.weight", "attn_pool.mlp.fc1.weight"]
     outs = {}
     for key, m in (("ref", ref), ("flash", flash), ("plain", plain)):
         dev, dt = m.pos_embed.device, m.pos_embed.dtype
@@ -107,6 +112,37 @@ def test_vit_bf16_vs_float64(case):
     err, base = max_err(feats["flash"], feats["ref"]), max_err(feats["plain"], feats["ref"])
     print(f"vit {case}: all-token features error {err:.3e} (plain bf16 {base:.3e})")
     assert err <= 2 * base + 1e-6
+
+
+@pytest.mark.parametrize("tokens", [197, 1029])
+def test_attention_pool_latent_bf16(tokens):
+    """timm's AttentionPoolLatent alone, latent_len 3 (seqlen_q 3 over an odd token count, head dim
+    64): bf16 on cuflash's kernels against float64 (the CPU reference), peer the torch-attention
+    pool in bf16; output and the gradients of x, latent and kv."""
+    from cuflash.models.vit import AttentionPoolLatent
+    ln = lambda dim, **kw: torch.nn.LayerNorm(dim, eps=1e-6, **kw)      # noqa: E731
+    torch.manual_seed(0)
+    ref = AttentionPoolLatent(256, num_heads=4, latent_len=3, pool_type="", norm_layer=ln, use_flash_attn=True,
+                              dtype=torch.float64)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    state = ref.state_dict()
+    mods = {"ref": ref}
+    for key, flash in (("flash", True), ("plain", False)):
+        mods[key] = AttentionPoolLatent(256, num_heads=4, latent_len=3, pool_type="", norm_layer=ln,
+                                        use_flash_attn=flash, device="cuda", dtype=torch.bfloat16)
+        mods[key].load_state_dict(state)
+    x = torch.randn(5, tokens, 256, dtype=torch.float64)
+    g = torch.randn(5, 3, 256, dtype=torch.float64)
+    outs = {}
+    for key, m in mods.items():
+        dev, dt = m.latent.device, m.latent.dtype
+        xi = x.to(dev, dt).requires_grad_(True)
+        y = m(xi)
+        grads = torch.autograd.grad((y.float() * g.to(dev).float()).sum(), [xi, m.latent, m.kv.weight])
+        outs[key] = (y.detach(), grads)
+    check(f"attention pool latent_len 3, {tokens} tokens", outs)
 
 
 def test_vit_dropout_drop_path_training_step():
