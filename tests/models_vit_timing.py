@@ -110,7 +110,8 @@ def main():
     rows = []
     for (name, what), ts in times.items():
         med = statistics.median(ts)
-        row = dict(peer=name, what=what, batch=args.batch, global_pool=args.global_pool, median_ms=med, min_ms=min(ts), iters=len(ts),
+        row = dict(peer=name, what=what, batch=args.batch, global_pool=args.global_pool,
+                   median_ms=med, min_ms=min(ts), iters=len(ts),
                    images_per_s=args.batch / (med / 1e3), params=n_params, loss=losses[name],
                    max_abs_logit_diff_vs_sdpa=diff[name], device=torch.cuda.get_device_name(),
                    torch=torch.__version__)

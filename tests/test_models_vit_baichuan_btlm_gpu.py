@@ -21,7 +21,11 @@ attention, the gradients' within 3x.
   pooling; timm's jax / jax_nlhb / moco inits in bf16 on the GPU; Falcon-RW-like (ALiBi with the
   slopes over sqrt(head_dim), 6 heads) and BTLM with alibi_scaling (factor 2; train_seq_len 32 at
   length 77), each against float64 and its plain bf16 ALiBi peer; BTLM's dynamic alibi_scaling
-  while decoding with the KV cache; MHA's alibi_train_seqlen on a packed batch."""
+  while decoding with the KV cache; MHA's alibi_train_seqlen on a packed batch.
+* Session 31: timm's MAP head (global_pool="map": AttentionPoolLatent, the latent query over the
+  patch tokens on cuflash's kernels; its latent, q, kv and MLP gradients too), without the class
+  token (SigLIP) and with it + fc_norm + the fused LayerNorm; the pool alone with latent_len 3 over
+  197 / 1029 tokens (peer: the same pool with the torch attention in bf16)."""
 import types
 
 import pytest

@@ -21,7 +21,8 @@ import torch.nn.functional as F  # noqa: E402
 import cuflash  # noqa: E402
 from cuflash.layers.patch_embed import PatchEmbed  # noqa: E402
 from cuflash.models._checkpoint import save_safetensors  # noqa: E402
-from cuflash.models.vit import AttentionPoolLatent, VisionTransformer, load_pretrained, vit_base_patch16_224  # noqa: E402,E501
+from cuflash.models.vit import (AttentionPoolLatent, VisionTransformer, load_pretrained,  # noqa: E402
+                                vit_base_patch16_224)
 
 F64 = torch.float64
 TOL = dict(atol=1e-10, rtol=1e-9)

@@ -28,10 +28,11 @@ Where flash-attn asserts, cuflash accepts (timm's meaning): ``global_pool`` "tok
 the patch tokens), "max" (their maximum), "avgmax" (the average of the two), "map" (timm's MAP
 head, ``attn_pool``, an ``AttentionPoolLatent``: a learned latent query attends over the patch
 tokens (one query over all of them, non-causal; cuflash's kernels with ``use_flash_attn``), then
-a residual MLP (``Mlp`` with act_layer, also with fused_mlp, as timm's); timm's keys ``attn_pool.latent`` / ``q`` / ``kv`` / ``proj`` /
-``norm`` / ``mlp.fc1`` / ``mlp.fc2``, so SigLIP-style timm checkpoints load) or "" (no pooling: the
-head on every token); ``pool_include_prefix`` (timm's: "map" and the reductions read the class
-token too); ``class_token=False`` (without "token"); ``no_embed_class`` (the position
+a residual MLP (``Mlp`` with act_layer, also with fused_mlp: timm's pool has its own MLP); timm's
+keys ``attn_pool.latent`` / ``q`` / ``kv`` / ``proj`` / ``norm`` / ``mlp.fc1`` / ``mlp.fc2``, so
+SigLIP-style timm checkpoints load) or "" (no pooling: the head on every token);
+``pool_include_prefix`` (timm's: "map" and the reductions read the class token too);
+``class_token=False`` (without "token"); ``no_embed_class`` (the position
 embedding covers the patches only; the class token is prepended after); ``pre_norm`` (a LayerNorm
 ``norm_pre`` before the blocks, the patch projection without bias, as CLIP); ``fc_norm`` (the final
 norm after pooling, ``fc_norm``, instead of before: ``norm`` is then an Identity; default: with
@@ -79,8 +80,8 @@ from ..modules.mlp import FusedMLP, Mlp
 from ..ops.layer_norm import layer_norm_fn
 
 __all__ = ["VisionTransformer", "vit_base_patch16_224", "create_mixer_cls", "create_mlp_cls", "create_block",
-           "LayerScale", "LayerScaleBlock", "AttentionPoolLatent", "init_weights_vit_timm", "init_weights_vit_jax", "init_weights_vit_moco",
-           "load_pretrained"]
+           "LayerScale", "LayerScaleBlock", "AttentionPoolLatent", "init_weights_vit_timm", "init_weights_vit_jax",
+           "init_weights_vit_moco", "load_pretrained"]
 
 _POOLS = ("token", "avg", "avgmax", "max", "map", "")
 _WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
