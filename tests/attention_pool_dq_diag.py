@@ -1,6 +1,8 @@
 """Why the MAP head's latent gradient in bf16 can be several times the plain bf16 peer's error (a
 diagnostic, not a test; session 31 mdl5 round 1: ViT "map" without class token, latent grad 3.8x,
-q.weight grad 4.3x the plain peer's error, 7.8e-7 / 3.3e-7 absolute).
+q.weight grad 4.3x the plain peer's error, 7.8e-7 / 3.3e-7 absolute). Since round 2 the pool
+centers its keys with use_flash_attn (AttentionPoolLatent.center_keys); part 2 switches it off for
+the "cuflash" peer and on for "cuflash_centered_k".
 
 Hypothesis: FlashAttention-2's backward takes D = rowsum(dO * O) from the stored bf16 O, so sum_j
 dS_j = dO . (O_fp32 - O_bf16) is not 0 and dq = scale * sum_j dS_j k_j gets an error term
@@ -94,19 +96,6 @@ def part1(rows):
                     f"{k_}: {e:.2e} ({e / errs['plain_bf16']:.2f}x)" for k_, e in errs.items()))
 
 
-class CenteredKeys(torch.nn.Module):
-    """The pool's inner attention on keys centered over the tokens (the forward's value unchanged:
-    softmax is invariant to one constant per row)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, q, kv, **kwargs):
-        k, v = kv.unbind(dim=2)
-        return self.inner(q, torch.stack([center(k), v], dim=2), **kwargs)
-
-
 def part2(rows):
     import test_models_vit_baichuan_btlm_gpu as t
 
@@ -120,7 +109,8 @@ def part2(rows):
     models = {"ref": ref, "cuflash": t.vit(True, torch.bfloat16, state=state, **kw),
               "cuflash_centered_k": t.vit(True, torch.bfloat16, state=state, **kw),
               "plain_bf16": t.vit(False, torch.bfloat16, state=state, **kw)}
-    models["cuflash_centered_k"].attn_pool.inner_attn = CenteredKeys(models["cuflash_centered_k"].attn_pool.inner_attn)
+    models["cuflash"].attn_pool.center_keys = False
+    models["cuflash_centered_k"].attn_pool.center_keys = True
     names = ["attn_pool.latent", "attn_pool.q.weight", "attn_pool.kv.weight", "attn_pool.mlp.fc1.weight",
              "blocks.2.mixer.Wqkv.weight", "patch_embed.proj.weight", "pos_embed"]
     for draw in range(3):

@@ -500,3 +500,26 @@ def test_attention_pool_refused():
         pool(rnd(2, 0, 32))
     with pytest.raises(ValueError, match="num_heads"):
         VisionTransformer(embed_dim=30, num_heads=4, depth=1, global_pool="map", device="meta")
+
+
+def test_attention_pool_center_keys_same_function():
+    """With use_flash_attn the pool centers its keys over the tokens (softmax is unchanged by it):
+    the output and every gradient equal the uncentered pool's in float64; the torch path does not
+    center."""
+    assert AttentionPoolLatent(D, num_heads=H, use_flash_attn=True).center_keys
+    assert not AttentionPoolLatent(D, num_heads=H).center_keys
+    sd = pool_state(prefix="", latent_len=2)
+    outs = []
+    for center in (True, False):
+        m = AttentionPoolLatent(D, num_heads=H, mlp_ratio=2.0, latent_len=2, pool_type="", norm_layer=partial_ln(),
+                                use_flash_attn=True, dtype=F64)
+        m.load_state_dict(sd)
+        m.center_keys = center
+        x = (rnd(3, 11, D, scale=1.0) + 2.0).requires_grad_(True) if not outs else outs[0][2].detach().clone()
+        x.requires_grad_(True)
+        y = m(x)
+        y.square().sum().backward()
+        outs.append((y.detach(), [p.grad for p in m.parameters()] + [x.grad], x))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-12, rtol=1e-11)
+    for a, b in zip(outs[0][1], outs[1][1]):
+        assert torch.allclose(a, b, atol=1e-11, rtol=1e-10)

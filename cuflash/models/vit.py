@@ -145,7 +145,15 @@ class AttentionPoolLatent(nn.Module):
     seqlen_q = latent_len over seqlen_k = the tokens; CPU tensors take cuflash's float64-exact
     reference), else ``CrossAttention`` in torch operations. norm_layer: None (timm's default)
     for no norm; the ViT passes its own. Not provided: timm's qk_norm, pos_embed="abs" and
-    separate embed_dim / latent_dim / out_features (the ViT uses none of them)."""
+    separate embed_dim / latent_dim / out_features (the ViT uses none of them).
+
+    With use_flash_attn the keys are centered over the tokens before the kernel (``center_keys``,
+    an attribute, on by default there): softmax is unchanged by subtracting q · mean(k) from a
+    row, but FlashAttention-2's backward forms D = rowsum(dO ∘ O) from the rounded O and dS in
+    bf16, and a key mean shared by every token (kv's bias) multiplies that rounding into dq; with
+    one query over near-uniform scores (the latent at its init) dq is small and the latent's
+    gradient error reached 1.6-4.3x the plain bf16 pool's on an H200 (centered: 0.5-1.0x;
+    tests/attention_pool_dq_diag.py)."""
 
     def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, latent_len=1, pool_type="token",
                  norm_layer=None, act_layer=nn.GELU, drop=0.0, use_flash_attn=False, device=None, dtype=None):
@@ -164,6 +172,7 @@ class AttentionPoolLatent(nn.Module):
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.latent_len, self.latent_dim, self.pool = latent_len, dim, pool_type
         self.use_flash_attn = use_flash_attn
+        self.center_keys = bool(use_flash_attn)
         self.latent = nn.Parameter(torch.zeros(1, latent_len, dim, **factory))
         self.q = nn.Linear(dim, dim, bias=qkv_bias, **factory)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, **factory)
@@ -189,7 +198,12 @@ class AttentionPoolLatent(nn.Module):
         # the same rows, up to the GEMM's rounding)
         q = self.q(self.latent).reshape(1, self.latent_len, self.num_heads, self.head_dim)
         q = q.expand(batch, -1, -1, -1).contiguous()
-        kv = self.kv(x).reshape(batch, tokens, 2, self.num_heads, self.head_dim)
+        kv = self.kv(x)
+        if self.center_keys:          # the same softmax; see the class docstring (in fp32 at least)
+            k, v = kv.split(self.dim, dim=-1)
+            wide = k.to(torch.promote_types(k.dtype, torch.float32))
+            kv = torch.cat(((wide - wide.mean(dim=1, keepdim=True)).to(k.dtype), v), dim=-1)
+        kv = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim)
         y = self.inner_attn(q, kv).reshape(batch, self.latent_len, self.dim)
         y = self.proj_drop(self.proj(y))
         y = y + self.mlp(self.norm(y))
