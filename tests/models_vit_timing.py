@@ -9,7 +9,10 @@ Peers in one process on the same weights, interleaved step by step:
   attention's place (self- and the last layer's cross-attention), torch's LayerNorm.
 A sanity number, not a target (not a test).
 
-    python tests/models_vit_timing.py [--batch 64] [--iters 20] [--out timing.json]
+    python tests/models_vit_timing.py [--batch 64] [--iters 20] [--global-pool token|map] [--out timing.json]
+
+--global-pool map: the SigLIP-B/16 layout instead (no class token, 196 tokens, timm's MAP head: a
+latent query attending over every token, on cuflash's kernels or, for the sdpa peer, SDPA).
 
 Prints one line per (peer, what): median and min over --iters (CUDA events, after 3 warm-up
 steps), images/s, the peers' largest logit difference, and the attention alone at the model's
@@ -45,14 +48,17 @@ class SdpaCrossAttention(SdpaSelfAttention):
         return out.transpose(1, 2)
 
 
-def build(peer: str):
+def build(peer: str, global_pool: str = "token"):
     torch.manual_seed(0)
+    layout = dict(global_pool="map", class_token=False) if global_pool == "map" else {}
     m = vit_base_patch16_224(use_flash_attn=True, fused_dropout_add_ln=peer == "cuflash", device="cuda",
-                             dtype=torch.bfloat16)
+                             dtype=torch.bfloat16, **layout)
     if peer == "sdpa":
         for block in m.blocks:
             block.mixer.inner_attn = SdpaSelfAttention(block.mixer.inner_attn)
             block.mixer.inner_cross_attn = SdpaCrossAttention(block.mixer.inner_cross_attn)
+        if m.attn_pool is not None:
+            m.attn_pool.inner_attn = SdpaCrossAttention(m.attn_pool.inner_attn)
     return m
 
 
@@ -60,10 +66,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--global-pool", default="token", choices=["token", "map"])
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     peers = ("cuflash", "cuflash_ln_torch", "sdpa")
-    models = {p: build(p) for p in peers}
+    models = {p: build(p, args.global_pool) for p in peers}
     for p in peers[1:]:
         models[p].load_state_dict(models["cuflash"].state_dict())
     n_params = sum(p.numel() for p in models["cuflash"].parameters())
@@ -103,7 +110,8 @@ def main():
     rows = []
     for (name, what), ts in times.items():
         med = statistics.median(ts)
-        row = dict(peer=name, what=what, batch=args.batch, median_ms=med, min_ms=min(ts), iters=len(ts),
+        row = dict(peer=name, what=what, batch=args.batch, global_pool=args.global_pool,
+                   median_ms=med, min_ms=min(ts), iters=len(ts),
                    images_per_s=args.batch / (med / 1e3), params=n_params, loss=losses[name],
                    max_abs_logit_diff_vs_sdpa=diff[name], device=torch.cuda.get_device_name(),
                    torch=torch.__version__)
@@ -122,7 +130,7 @@ def attention_only(args) -> list:
     """The attention alone at ViT-B/16's shape (batch, 197 tokens, 12 heads, head dim 64, non-causal):
     models_gpt_timing.attention_only's peers and timing; x 12 layers is roughly the model's share (the
     forward's last layer is a 1-query cross-attention)."""
-    return gpt_timing.attention_only(args, seqlen=197, causal=False)
+    return gpt_timing.attention_only(args, seqlen=196 if args.global_pool == "map" else 197, causal=False)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,12 @@ attention, the gradients' within 3x.
   pooling; timm's jax / jax_nlhb / moco inits in bf16 on the GPU; Falcon-RW-like (ALiBi with the
   slopes over sqrt(head_dim), 6 heads) and BTLM with alibi_scaling (factor 2; train_seq_len 32 at
   length 77), each against float64 and its plain bf16 ALiBi peer; BTLM's dynamic alibi_scaling
-  while decoding with the KV cache; MHA's alibi_train_seqlen on a packed batch."""
+  while decoding with the KV cache; MHA's alibi_train_seqlen on a packed batch.
+* Session 31: timm's MAP head (global_pool="map": AttentionPoolLatent, the latent query over the
+  patch tokens on cuflash's kernels; its latent, q, kv and MLP gradients too), without the class
+  token (SigLIP) and with it + fc_norm + the fused LayerNorm, the pool's gradients also without
+  check()'s absolute slack; the pool alone with latent_len 3 over 197 / 1029 tokens (peer: the same
+  pool with the torch attention in bf16)."""
 import types
 
 import pytest
@@ -74,7 +79,10 @@ def vit(flash, dtype, device="cuda", state=None, **kw):
 VIT_CASES = {"token_fused_ln": {}, "token": {}, "avg": dict(global_pool="avg"),
              # session 30: timm's LayerScale and avgmax pooling
              "token_fused_ln_layer_scale": dict(init_values=0.5), "avgmax_layer_scale": dict(global_pool="avgmax",
-                                                                                          init_values=0.5)}
+                                                                                          init_values=0.5),
+             # session 31: timm's MAP head (a 1-query cross-attention over the patch tokens, cuflash's kernels)
+             "map_no_cls": dict(global_pool="map", class_token=False),
+             "map_fused_ln_cls_fc_norm": dict(global_pool="map", fc_norm=True)}
 
 
 @pytest.mark.parametrize("case", list(VIT_CASES))
@@ -86,7 +94,7 @@ def test_vit_bf16_vs_float64(case):
             if "norm" in name or name.endswith("bias") or name.endswith("gamma"):
                 p.add_(torch.randn_like(p) * 0.2)
     state = ref.state_dict()
-    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln=case.startswith("token_fused_ln"), **kw)
+    flash = vit(True, torch.bfloat16, state=state, fused_dropout_add_ln="fused_ln" in case, **kw)
     plain = vit(False, torch.bfloat16, state=state, **kw)
     img = torch.randn(6, 3, 48, 40)
     labels = torch.randint(0, 10, (6,))
@@ -94,6 +102,8 @@ def test_vit_bf16_vs_float64(case):
     names = ["patch_embed.proj.weight", "blocks.0.mixer.Wqkv.weight", f"blocks.2.mixer.{last}.weight", "pos_embed"]
     if "init_values" in kw:
         names += ["blocks.1.ls1.gamma", "blocks.2.ls2.gamma"]
+    if kw.get("global_pool") == "map":
+        names += ["attn_pool.latent", "attn_pool.q.weight", "attn_pool.kv.weight", "attn_pool.mlp.fc1.weight"]
     outs = {}
     for key, m in (("ref", ref), ("flash", flash), ("plain", plain)):
         dev, dt = m.pos_embed.device, m.pos_embed.dtype
@@ -102,11 +112,47 @@ def test_vit_bf16_vs_float64(case):
         params = dict(m.named_parameters())
         outs[key] = (logits.detach(), torch.autograd.grad(loss, [params[n] for n in names]))
     check(f"vit {case}", outs)
+    if kw.get("global_pool") == "map":     # the pool's gradients are ~1e-5: the 3x rule without check()'s 1e-6 slack
+        for i in range(len(names) - 4, len(names)):
+            ref_g = outs["ref"][1][i]
+            gerr, gbase = max_err(outs["flash"][1][i], ref_g), max_err(outs["plain"][1][i], ref_g)
+            assert gerr <= 3 * gbase, f"{names[i]}: {gerr:.3e} > 3 x plain {gbase:.3e}"
     feats = {k: m.eval().forward_features(img.to(m.pos_embed.device, m.pos_embed.dtype)).detach()
              for k, m in (("ref", ref), ("flash", flash), ("plain", plain))}
     err, base = max_err(feats["flash"], feats["ref"]), max_err(feats["plain"], feats["ref"])
     print(f"vit {case}: all-token features error {err:.3e} (plain bf16 {base:.3e})")
     assert err <= 2 * base + 1e-6
+
+
+@pytest.mark.parametrize("tokens", [197, 1029])
+def test_attention_pool_latent_bf16(tokens):
+    """timm's AttentionPoolLatent alone, latent_len 3 (seqlen_q 3 over an odd token count, head dim
+    64): bf16 on cuflash's kernels against float64 (the CPU reference), peer the torch-attention
+    pool in bf16; output and the gradients of x, latent and kv."""
+    from cuflash.models.vit import AttentionPoolLatent
+    ln = lambda dim, **kw: torch.nn.LayerNorm(dim, eps=1e-6, **kw)      # noqa: E731
+    torch.manual_seed(0)
+    ref = AttentionPoolLatent(256, num_heads=4, latent_len=3, pool_type="", norm_layer=ln, use_flash_attn=True,
+                              dtype=torch.float64)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    state = ref.state_dict()
+    mods = {"ref": ref}
+    for key, flash in (("flash", True), ("plain", False)):
+        mods[key] = AttentionPoolLatent(256, num_heads=4, latent_len=3, pool_type="", norm_layer=ln,
+                                        use_flash_attn=flash, device="cuda", dtype=torch.bfloat16)
+        mods[key].load_state_dict(state)
+    x = torch.randn(5, tokens, 256, dtype=torch.float64)
+    g = torch.randn(5, 3, 256, dtype=torch.float64)
+    outs = {}
+    for key, m in mods.items():
+        dev, dt = m.latent.device, m.latent.dtype
+        xi = x.to(dev, dt).requires_grad_(True)
+        y = m(xi)
+        grads = torch.autograd.grad((y.float() * g.to(dev).float()).sum(), [xi, m.latent, m.kv.weight])
+        outs[key] = (y.detach(), grads)
+    check(f"attention pool latent_len 3, {tokens} tokens", outs)
 
 
 def test_vit_dropout_drop_path_training_step():

@@ -12,7 +12,7 @@ cuflash.models.vit import ...``, with flash-attn's constructor arguments and mod
   init_values=None, class_token=True, no_embed_class=False, pre_norm=False, fc_norm=None,
   drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, weight_init="", embed_layer=PatchEmbed,
   norm_layer=None, act_layer=None, use_flash_attn=False, fused_bias_fc=False, fused_mlp=False,
-  fused_dropout_add_ln=False, device=None, dtype=None)``: patch embedding
+  fused_dropout_add_ln=False, device=None, dtype=None, pool_include_prefix=False)``: patch embedding
   (``cuflash.layers.patch_embed.PatchEmbed``, a linear layer on the patches) → class token and
   position embedding → pre-norm blocks (``cuflash.modules.block.Block``: dropout → add → LayerNorm
   → ``MHA`` (non-causal; ``use_flash_attn``: cuflash's kernels) / ``Mlp``, the residual stream in
@@ -22,10 +22,17 @@ cuflash.models.vit import ...``, with flash-attn's constructor arguments and mod
   block for the class token only (its query; keys and values from every token).
 * ``vit_base_patch16_224(pretrained=False, **kwargs)``: ViT-B/16.
 * ``create_mixer_cls``, ``create_mlp_cls``, ``create_block``: flash-attn's factories.
+* ``AttentionPoolLatent``: timm's attention pool with a learned latent query (the "map" head).
 
 Where flash-attn asserts, cuflash accepts (timm's meaning): ``global_pool`` "token", "avg" (mean of
-the patch tokens), "max" (their maximum), "avgmax" (the average of the two) or "" (no pooling: the
-head on every token); ``class_token=False`` (without "token"); ``no_embed_class`` (the position
+the patch tokens), "max" (their maximum), "avgmax" (the average of the two), "map" (timm's MAP
+head, ``attn_pool``, an ``AttentionPoolLatent``: a learned latent query attends over the patch
+tokens (one query over all of them, non-causal; cuflash's kernels with ``use_flash_attn``), then
+a residual MLP (``Mlp`` with act_layer, also with fused_mlp: timm's pool has its own MLP); timm's
+keys ``attn_pool.latent`` / ``q`` / ``kv`` / ``proj`` / ``norm`` / ``mlp.fc1`` / ``mlp.fc2``, so
+SigLIP-style timm checkpoints load) or "" (no pooling: the head on every token);
+``pool_include_prefix`` (timm's: "map" and the reductions read the class token too);
+``class_token=False`` (without "token"); ``no_embed_class`` (the position
 embedding covers the patches only; the class token is prepended after); ``pre_norm`` (a LayerNorm
 ``norm_pre`` before the blocks, the patch projection without bias, as CLIP); ``fc_norm`` (the final
 norm after pooling, ``fc_norm``, instead of before: ``norm`` is then an Identity; default: with
@@ -33,8 +40,9 @@ norm after pooling, ``fc_norm``, instead of before: ``norm`` is then an Identity
 ``LayerScaleBlock``, its attention and MLP outputs times learned per-channel ``ls1.gamma`` /
 ``ls2.gamma``, initialized to init_values, timm's keys; 0 or None: none); ``weight_init`` "jax",
 "jax_nlhb", "moco" (timm's ``init_weights_vit_jax`` / ``_moco``, see ``init_weights``; the attention's
-qkv initialized as timm's one matrix also where the last block splits it into Wq / Wkv). Other
-``global_pool`` values (timm's "map" attention pool) and ``weight_init`` values raise ``ValueError``.
+qkv initialized as timm's one matrix also where the last block splits it into Wq / Wkv; the MAP
+pool's linear layers as the others, its latent truncated normal, std embed_dim^-0.5, at ±2 std).
+Other ``global_pool`` values (timm's "prr") and ``weight_init`` values raise ``ValueError``.
 The default init ("") is flash-attn's: the patch projection, a linear layer here, is truncated
 normal as every linear layer (timm leaves its Conv2d at torch's default); "jax" and "moco" treat it
 as timm treats the Conv2d.
@@ -67,15 +75,15 @@ from torch.nn.init import trunc_normal_
 from ..api import UnsupportedFeature
 from ..layers.patch_embed import PatchEmbed
 from ..modules.block import Block, StochasticDepth
-from ..modules.mha import MHA
+from ..modules.mha import MHA, CrossAttention, FlashCrossAttention
 from ..modules.mlp import FusedMLP, Mlp
 from ..ops.layer_norm import layer_norm_fn
 
 __all__ = ["VisionTransformer", "vit_base_patch16_224", "create_mixer_cls", "create_mlp_cls", "create_block",
-           "LayerScale", "LayerScaleBlock", "init_weights_vit_timm", "init_weights_vit_jax", "init_weights_vit_moco",
-           "load_pretrained"]
+           "LayerScale", "LayerScaleBlock", "AttentionPoolLatent", "init_weights_vit_timm", "init_weights_vit_jax",
+           "init_weights_vit_moco", "load_pretrained"]
 
-_POOLS = ("token", "avg", "avgmax", "max", "")
+_POOLS = ("token", "avg", "avgmax", "max", "map", "")
 _WEIGHT_INITS = ("", "jax", "jax_nlhb", "moco")
 
 
@@ -116,6 +124,92 @@ class LayerScaleBlock(Block):
         hidden_states, residual = self._prenorm_add(hidden_states, residual, self.dropout2, self.drop_path2,
                                                     self.norm2)
         return self.ls2(self.mlp(hidden_states)), residual
+
+
+def _trunc_normal_tf_fp32_(t, std):
+    """timm's trunc_normal_tf_: N(0, 1) truncated to ±2, then times std (bounds ±2 std, unlike
+    trunc_normal_'s absolute ±2), drawn in fp32 (see _trunc_normal_fp32_)."""
+    return _init_fp32_(t, lambda x: trunc_normal_(x, mean=0.0, std=1.0, a=-2.0, b=2.0).mul_(std))
+
+
+class AttentionPoolLatent(nn.Module):
+    """timm's attention pooling with a learned latent query (``AttentionPoolLatent``, the ViT's
+    ``global_pool="map"`` head, SigLIP's): ``latent_len`` learned query tokens ``latent`` (1,
+    latent_len, dim) attend over the input tokens through ``q`` (dim → dim) and ``kv`` (dim → 2 ·
+    dim, keys then values) in ``num_heads`` heads, non-causal, softmax scale 1 / sqrt(head_dim);
+    then ``proj`` (dim → dim), dropout, and a residual MLP on the result, y + mlp(norm(y)) (``mlp``:
+    fc1 to int(dim · mlp_ratio) units, act_layer(), fc2); ``pool_type`` "token" returns the first
+    latent's output (batch, dim), "avg" their mean, "" all of them (batch, latent_len, dim).
+    timm's state_dict keys (``latent``, ``q``, ``kv``, ``proj``, ``norm``, ``mlp.fc1`` /
+    ``mlp.fc2``). ``use_flash_attn``: the attention on cuflash's kernels (``FlashCrossAttention``,
+    seqlen_q = latent_len over seqlen_k = the tokens; CPU tensors take cuflash's float64-exact
+    reference), else ``CrossAttention`` in torch operations. norm_layer: None (timm's default)
+    for no norm; the ViT passes its own. Not provided: timm's qk_norm, pos_embed="abs" and
+    separate embed_dim / latent_dim / out_features (the ViT uses none of them).
+
+    With use_flash_attn the keys are centered over the tokens before the kernel (``center_keys``,
+    an attribute, on by default there): softmax is unchanged by subtracting q · mean(k) from a
+    row, but FlashAttention-2's backward forms D = rowsum(dO ∘ O) from the rounded O and dS in
+    bf16, and a key mean shared by every token (kv's bias) multiplies that rounding into dq; with
+    one query over near-uniform scores (the latent at its init) dq is small and the latent's
+    gradient error reached 1.6-4.3x the plain bf16 pool's on an H200 (centered: 0.5-1.0x;
+    tests/attention_pool_dq_diag.py)."""
+
+    def __init__(self, dim, num_heads=8, mlp_ratio=4.0, qkv_bias=True, latent_len=1, pool_type="token",
+                 norm_layer=None, act_layer=nn.GELU, drop=0.0, use_flash_attn=False, device=None, dtype=None):
+        super().__init__()
+        for name, value in (("dim", dim), ("num_heads", num_heads), ("latent_len", latent_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if dim % num_heads:
+            raise ValueError(f"dim = {dim} must be divisible by num_heads = {num_heads}")
+        if (not isinstance(mlp_ratio, (int, float)) or isinstance(mlp_ratio, bool) or not math.isfinite(mlp_ratio)
+                or int(dim * mlp_ratio) <= 0):
+            raise ValueError(f"mlp_ratio must be a finite number with int(dim * mlp_ratio) >= 1, got {mlp_ratio!r}")
+        if pool_type not in ("token", "avg", ""):
+            raise ValueError(f"pool_type must be one of ['token', 'avg', ''], got {pool_type!r}")
+        factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.latent_len, self.latent_dim, self.pool = latent_len, dim, pool_type
+        self.use_flash_attn = use_flash_attn
+        self.center_keys = bool(use_flash_attn)
+        self.latent = nn.Parameter(torch.zeros(1, latent_len, dim, **factory))
+        self.q = nn.Linear(dim, dim, bias=qkv_bias, **factory)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias, **factory)
+        self.inner_attn = FlashCrossAttention() if use_flash_attn else CrossAttention()
+        self.proj = nn.Linear(dim, dim, **factory)
+        self.proj_drop = nn.Dropout(drop)
+        self.norm = norm_layer(dim, **factory) if norm_layer is not None else nn.Identity()
+        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), activation=act_layer(), **factory)
+        self.init_weights()
+
+    def init_weights(self):
+        """timm's: the latent truncated normal at ±2 std, std latent_dim^-0.5 (the linear layers
+        are left to the caller's init, as in timm)."""
+        _trunc_normal_tf_fp32_(self.latent, std=self.latent_dim ** -0.5)
+
+    def forward(self, x):
+        """x: (batch, tokens, dim) → (batch, dim) (pool_type "token" / "avg") or (batch,
+        latent_len, dim) (pool_type "")."""
+        if x.dim() != 3 or x.shape[-1] != self.dim or x.shape[1] == 0:
+            raise ValueError(f"x must be (batch, tokens >= 1, dim = {self.dim}), got {tuple(x.shape)}")
+        batch, tokens = x.shape[:2]
+        # the latent projected once and broadcast over the batch (timm projects the expanded latent:
+        # the same rows, up to the GEMM's rounding)
+        q = self.q(self.latent).reshape(1, self.latent_len, self.num_heads, self.head_dim)
+        q = q.expand(batch, -1, -1, -1).contiguous()
+        kv = self.kv(x)
+        if self.center_keys:          # the same softmax; see the class docstring (in fp32 at least)
+            k, v = kv.split(self.dim, dim=-1)
+            wide = k.to(torch.promote_types(k.dtype, torch.float32))
+            kv = torch.cat(((wide - wide.mean(dim=1, keepdim=True)).to(k.dtype), v), dim=-1)
+        kv = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim)
+        y = self.inner_attn(q, kv).reshape(batch, self.latent_len, self.dim)
+        y = self.proj_drop(self.proj(y))
+        y = y + self.mlp(self.norm(y))
+        if self.pool == "token":
+            return y[:, 0]
+        return y.mean(dim=1) if self.pool == "avg" else y
 
 
 def create_mixer_cls(num_heads, qkv_bias, attn_drop, use_flash_attn, fused_bias_fc, cross_attn=False,
@@ -255,7 +349,7 @@ class VisionTransformer(nn.Module):
                  no_embed_class=False, pre_norm=False, fc_norm=None, drop_rate=0.0, attn_drop_rate=0.0,
                  drop_path_rate=0.0, weight_init="", embed_layer=PatchEmbed, norm_layer=None, act_layer=None,
                  use_flash_attn=False, fused_bias_fc=False, fused_mlp=False, fused_dropout_add_ln=False, device=None,
-                 dtype=None):
+                 dtype=None, pool_include_prefix=False):
         super().__init__()
         # only the keywords given, so a norm_layer / embed_layer without device / dtype still works
         factory = {k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None}
@@ -285,6 +379,7 @@ class VisionTransformer(nn.Module):
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
+        self.pool_include_prefix = bool(pool_include_prefix)
         self.no_embed_class = no_embed_class
         self.fused_dropout_add_ln = fused_dropout_add_ln
         extra = {"fused_bias_fc": fused_bias_fc, **factory} if embed_layer is PatchEmbed else {}
@@ -308,6 +403,10 @@ class VisionTransformer(nn.Module):
         self.dropout = nn.Dropout(p=drop_rate)
         self.drop_path = StochasticDepth(p=dpr[-1], mode="row")
         self.norm = norm_layer(embed_dim, **factory) if not use_fc_norm else nn.Identity()
+        # timm's MAP head: the blocks' heads, mlp_ratio, norm and activation; q / kv with bias whatever qkv_bias
+        self.attn_pool = AttentionPoolLatent(embed_dim, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                                             norm_layer=norm_layer, act_layer=act_layer,
+                                             use_flash_attn=use_flash_attn, **factory) if global_pool == "map" else None
         self.fc_norm = norm_layer(embed_dim, **factory) if use_fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes, **factory) if num_classes > 0 else nn.Identity()
         self.init_weights(weight_init)
@@ -315,8 +414,9 @@ class VisionTransformer(nn.Module):
     def init_weights(self, mode=""):
         """timm's: pos_embed truncated normal (std 0.02), cls_token normal (std 1e-6), the linear
         layers by mode: "" init_weights_vit_timm, "jax" / "jax_nlhb" init_weights_vit_jax (head
-        bias 0 / -log(num_classes)), "moco" init_weights_vit_moco. LayerScale's gammas and the
-        norms are left as they are (timm's)."""
+        bias 0 / -log(num_classes)), "moco" init_weights_vit_moco (the MAP pool's q / kv / proj /
+        mlp as any linear layer; its latent by AttentionPoolLatent.init_weights). LayerScale's
+        gammas and the norms are left as they are (timm's)."""
         if mode not in _WEIGHT_INITS:
             raise ValueError(f"weight_init must be one of {list(_WEIGHT_INITS)}, got {mode!r}")
         _trunc_normal_fp32_(self.pos_embed, std=0.02)
@@ -331,6 +431,8 @@ class VisionTransformer(nn.Module):
             fn = partial(init_weights_vit_moco, embed_dim=self.embed_dim)
         for name, module in self.named_modules():
             fn(module, name)
+        if self.attn_pool is not None:       # timm: the pool's own init_weights (its latent) after its linears
+            self.attn_pool.init_weights()
 
     def _init_weights(self, m):
         init_weights_vit_timm(m)
@@ -375,18 +477,21 @@ class VisionTransformer(nn.Module):
                              residual_in_fp32=True)
 
     def forward_head(self, x, pre_logits: bool = False):
-        """Pooling (class token; mean, max or their average of the patch tokens; or none),
-        fc_norm, then the head (skipped with pre_logits)."""
+        """Pooling (class token; the MAP attention pool; mean, max or their average of the patch
+        tokens; or none), fc_norm, then the head (skipped with pre_logits). The pool and the
+        reductions read the patch tokens only, or every token with pool_include_prefix (timm's)."""
         if self.global_pool == "token":
             x = x[:, 0]
-        elif self.global_pool:           # timm's reductions over the patch tokens
-            patches = x[:, self.num_prefix_tokens:]
-            if self.global_pool == "avg":
-                x = patches.mean(dim=1)
+        elif self.global_pool:
+            tokens = x if self.pool_include_prefix else x[:, self.num_prefix_tokens:]
+            if self.global_pool == "map":
+                x = self.attn_pool(tokens)
+            elif self.global_pool == "avg":
+                x = tokens.mean(dim=1)
             elif self.global_pool == "max":
-                x = patches.amax(dim=1)
+                x = tokens.amax(dim=1)
             else:                        # "avgmax"
-                x = 0.5 * (patches.amax(dim=1) + patches.mean(dim=1))
+                x = 0.5 * (tokens.amax(dim=1) + tokens.mean(dim=1))
         x = self.fc_norm(x)
         return x if pre_logits else self.head(x)
 
