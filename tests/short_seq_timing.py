@@ -94,6 +94,24 @@ def balanced_bn(seqlen_k):
 
 
 FWD_VARIANTS = ("bn112", "bn128", "bn144", "bn160", "bn176", "bal", "bal_np")
+# Tokens of a composed forward variant ("qd+tmao", "c1+np", "stat+ovl", "bn128+qd"): each changes the default
+# config's fields, applied left to right (session 31, sb2).
+FWD_TOKENS = {
+    "qd": dict(q_double=True),                                    # the next tile's Q loaded under this one
+    "tmao": dict(tma_store=True),                                 # O through shared memory by TMA store
+    "stat": dict(dynamic=False),                                  # static persistent
+    "ovl": dict(dynamic=False, tile_overlap=True),                # static persistent, next tile's S_0 early
+    "pf": dict(dynamic=False, prefetch=True),                     # static persistent, next Q prefetched to L2
+    "ew": dict(dynamic=False, even_waves=True),                   # static persistent, even waves
+    "np": dict(persistent=False, dynamic=False),                  # one CTA per tile
+    "c1": dict(BM=64, consumers=1, pingpong=False),               # one consumer warpgroup
+    "c2": dict(BM=128, consumers=2, pingpong=True),
+    "c3": dict(BM=192, consumers=3, pingpong=True, BN=128),       # the d64 tile of 2k and up
+    "nopp": dict(pingpong=False),
+    "tree": dict(tree_max=True),
+    "s3": dict(stages=3),
+    "s4": dict(stages=4),
+}
 
 
 def fwd_variant(name, cfg, seqlen_k):
@@ -101,7 +119,20 @@ def fwd_variant(name, cfg, seqlen_k):
         return cfg.replace(BN=balanced_bn(seqlen_k))
     if name == "bal_np":
         return cfg.replace(BN=balanced_bn(seqlen_k), persistent=False, dynamic=False)
+    if "+" in name or name in FWD_TOKENS:
+        for tok in name.split("+"):
+            cfg = cfg.replace(BN=int(tok[2:])) if tok.startswith("bn") else cfg.replace(**FWD_TOKENS[tok])
+        return cfg
     return cfg.replace(BN=int(name[2:]))
+
+
+def fwd_variant_name(text):
+    """argparse type of --fwd-variants: a FWD_VARIANTS name or '+'-joined tokens (FWD_TOKENS, bnNNN)."""
+    ok = text in FWD_VARIANTS or all(t in FWD_TOKENS or (t.startswith("bn") and t[2:].isdigit())
+                                     for t in text.split("+"))
+    if not ok:
+        raise argparse.ArgumentTypeError(f"--fwd-variants: unknown variant {text!r} (tokens {sorted(FWD_TOKENS)})")
+    return text
 
 
 def sdpa(backend, causal=False):
@@ -173,10 +204,12 @@ def main():
     ap.add_argument("--variants", nargs="*", default=list(ROUND1), choices=list(VARIANTS))
     ap.add_argument("--long-variants", nargs="*", default=["heur"], choices=list(VARIANTS),
                     help="the variants at seqlen >= 1024")
-    ap.add_argument("--fwd-variants", nargs="*", default=[], choices=list(FWD_VARIANTS))
+    ap.add_argument("--fwd-variants", nargs="*", default=[], type=fwd_variant_name)
+    ap.add_argument("--fwd-max-seqlen", type=int, default=1023, help="the longest cell with --fwd-variants")
     ap.add_argument("--sdpa", nargs="*", default=["flash", "cudnn", "eff"])
     ap.add_argument("--no-fa2", action="store_true")
     ap.add_argument("--no-fwd", action="store_true")
+    ap.add_argument("--no-bwd", action="store_true", help="the forward alone (no backward peers compiled or timed)")
     ap.add_argument("--packed", action="store_true", help="also packed qkv fwd+bwd, cuflash vs SDPA (auto)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--b2b", type=int, default=5)
@@ -213,7 +246,7 @@ def main():
         pf = p.replace(op="fwd")
         ffam, fwd_cfg, fsrc = choose(pf, cc, dev, smem)
         fvs = {}
-        if ffam.name == "sm90_fwd" and s < 1024:
+        if ffam.name == "sm90_fwd" and s <= args.fwd_max_seqlen:
             for n in args.fwd_variants:
                 c = fwd_variant(n, fwd_cfg, s)
                 bad = c.problems(smem)
@@ -229,8 +262,8 @@ def main():
     for cell in cells:
         plans[cell] = plan(*cell)
         p, (fam, cfg, src), vs, fcfg, (_, fwd_cfg, _), fvs = plans[cell]
-        todo += [cfg, fwd_cfg, main_bwd(cfg), main_fwd(fwd_cfg)] + list(vs.values()) + list(fvs.values()) \
-            + ([fcfg] if fcfg else [])
+        todo += ([] if args.no_bwd else [cfg, main_bwd(cfg)] + list(vs.values()) + ([fcfg] if fcfg else [])) \
+            + [fwd_cfg, main_fwd(fwd_cfg)] + list(fvs.values())
     todo = list(dict.fromkeys(todo))
     errors = [] if args.no_precompile else [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
@@ -264,45 +297,48 @@ def main():
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=tdt) for _ in range(4))
         # backward alone
-        bw = {"cf": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout),
-              "main": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=mb),
-                              q, k, v, dout)}
-        for n, c in vs.items():
-            bw[f"sm90:{n}"] = grad_fn(lambda q, k, v, c=c: cuflash.flash_attn_func(q, k, v, causal=causal,
-                                                                                   bwd_config=c), q, k, v, dout)
-        if fcfg is not None:
-            bw["fa2_bwd"] = grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=fcfg),
-                                    q, k, v, dout)
-        for be in args.sdpa:
-            try:
-                fn = grad_fn(sdpa(be, causal), q, k, v, dout)
-                fn()
-                bw[f"sdpa_{be}"] = fn
-            except RuntimeError as e:
-                print(f"sdpa_{be}: skipped ({str(e).splitlines()[0][:100]})", flush=True)
-        grads = {n: fn() for n, fn in bw.items()}
-        torch.cuda.synchronize()
-        ref = grads.get("sdpa_flash") or grads.get("sdpa_cudnn") or grads["main"]
-        times = time_interleaved(bw, warmup=3, reps=args.reps, back_to_back=args.b2b)
-        flops = op_flops(p)
-        tref = {n: times[n].median_ms for n in bw if n.startswith("sdpa_")}
-        best_sdpa = min(tref.values()) if tref else float("nan")
-        print(f"{'bwd ' + case:<40} {'peer':<14} {'ms':>8} {'TFLOPs':>7} {'x main':>6} {'x best sdpa':>11} "
-              f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
-        tm = times["main"].median_ms
-        for n in bw:
-            t = times[n].median_ms
-            ddq, dkv = grad_diffs(grads[n], ref)
-            flag = "  MISMATCH" if not n.startswith("sdpa") and max(ddq, dkv) > 2e-2 else ""
-            label = vs[n[5:]].name if n.startswith("sm90:") else fcfg.name if n == "fa2_bwd" else \
-                cfg.name if n == "cf" else mb.name if n == "main" else n
-            print(f"{'bwd ' + case:<40} {n:<14} {t:8.4f} {flops / t / 1e9:7.1f} {t / tm:6.3f} "
-                  f"{t / best_sdpa:11.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
-            rows.append(dict(what="bwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
-                             kernel=label, ms=t, samples=list(times[n].samples), tflops=flops / t / 1e9,
-                             x_main=t / tm, x_best_sdpa=t / best_sdpa, dq_diff=ddq, dkv_diff=dkv))
-        kernels_of("bwd", bw, cell)
-        del bw, grads
+        if not args.no_bwd:
+            bw = {"cf": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout),
+                  "main": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=mb),
+                                  q, k, v, dout)}
+            for n, c in vs.items():
+                bw[f"sm90:{n}"] = grad_fn(lambda q, k, v, c=c: cuflash.flash_attn_func(q, k, v, causal=causal,
+                                                                                       bwd_config=c), q, k, v, dout)
+            if fcfg is not None:
+                bw["fa2_bwd"] = grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal,
+                                                                                bwd_config=fcfg), q, k, v, dout)
+            for be in args.sdpa:
+                try:
+                    fn = grad_fn(sdpa(be, causal), q, k, v, dout)
+                    fn()
+                    bw[f"sdpa_{be}"] = fn
+                except RuntimeError as e:
+                    print(f"sdpa_{be}: skipped ({str(e).splitlines()[0][:100]})", flush=True)
+            grads = {n: fn() for n, fn in bw.items()}
+            torch.cuda.synchronize()
+            ref = grads.get("sdpa_flash") or grads.get("sdpa_cudnn") or grads["main"]
+            times = time_interleaved(bw, warmup=3, reps=args.reps, back_to_back=args.b2b)
+            flops = op_flops(p)
+            tref = {n: times[n].median_ms for n in bw if n.startswith("sdpa_")}
+            best_sdpa = min(tref.values()) if tref else float("nan")
+            print(f"{'bwd ' + case:<40} {'peer':<14} {'ms':>8} {'TFLOPs':>7} {'x main':>6} {'x best sdpa':>11} "
+                  f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
+            tm = times["main"].median_ms
+            for n in bw:
+                t = times[n].median_ms
+                ddq, dkv = grad_diffs(grads[n], ref)
+                flag = "  MISMATCH" if not n.startswith("sdpa") and max(ddq, dkv) > 2e-2 else ""
+                label = vs[n[5:]].name if n.startswith("sm90:") else fcfg.name if n == "fa2_bwd" else \
+                    cfg.name if n == "cf" else mb.name if n == "main" else n
+                print(f"{'bwd ' + case:<40} {n:<14} {t:8.4f} {flops / t / 1e9:7.1f} {t / tm:6.3f} "
+                      f"{t / best_sdpa:11.3f} {ddq:8.1e} {dkv:8.1e}  x cf {t / times['cf'].median_ms:6.3f}{flag}",
+                      flush=True)
+                rows.append(dict(what="bwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
+                                 kernel=label, ms=t, samples=list(times[n].samples), tflops=flops / t / 1e9,
+                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, dq_diff=ddq, dkv_diff=dkv,
+                                 x_cf=t / times["cf"].median_ms))
+            kernels_of("bwd", bw, cell)
+            del bw, grads
         # forward alone
         if not args.no_fwd:
             fw = {"cf": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
@@ -329,10 +365,12 @@ def main():
                 label = fvs[n[5:]].name if n.startswith("sm90:") else fwd_cfg.name if n == "cf" else \
                     mf.name if n == "main" else n
                 print(f"{'fwd ' + case:<40} {n:<14} {t:8.4f} {fflops / t / 1e9:7.1f} {t / tm:6.3f} "
-                      f"{t / best_sdpa:11.3f} {diff:8.1e}  {label}", flush=True)
+                      f"{t / best_sdpa:11.3f} {diff:8.1e}  x cf {t / times['cf'].median_ms:6.3f}  {label}",
+                      flush=True)
                 rows.append(dict(what="fwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
                                  kernel=label, ms=t, samples=list(times[n].samples), tflops=fflops / t / 1e9,
-                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, out_diff=diff))
+                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, out_diff=diff,
+                                 x_cf=t / times["cf"].median_ms))
             with torch.no_grad():
                 kernels_of("fwd", fw, cell)
             del fw, outs
