@@ -4,7 +4,7 @@
 source results/NVIDIA_H100_80GB_HBM3/scripts/round_env.sh
 nc="256x197x12 256x128x12"
 ca="causal:32x128x12 causal:32x256x12 causal:32x512x12 causal:32x1024x12"
-ncv="--no-bwd --fwd-variants qd tmao qd+tmao ovl c1 c1+np s4 s3+qd s3+qd+tmao --sdpa cudnn flash"
+ncv="--no-bwd --fwd-variants qd tmao qd+tmao stat ovl nopp c1 s4 s3+qd s3+qd+tmao --sdpa cudnn flash"
 cav="--variants w16 nodqf static --long-variants w16 nodqf static --no-fa2 --fwd-max-seqlen 1024
      --fwd-variants bn128 c3 qd tmao bn128+qd bn128+qd+tmao c1+bn128 bn128+s3 stat --sdpa cudnn flash"
 t="--reps 5 --b2b 10 --profile 0"
