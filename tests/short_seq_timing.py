@@ -3,23 +3,27 @@ attention's forward and backward at those shapes, cuflash next to SDPA's flash, 
 backends in one process, with each peer's kernels and their GPU time (torch.profiler, CUPTI). Not a test.
 
     python tests/short_seq_timing.py [--shapes 64x197x12 fp16,causal:64x197x12 ...] [--variants heur w16 ...]
-                                     [--fwd-variants bal bn128 ...] [--reps 10] [--profile 5] [--out rows.json]
+                                     [--fwd-variants bal bn128 qd+tmao ...] [--no-bwd] [--reps 10] [--profile 5]
+                                     [--out rows.json]
 
 Per shape (batch x seqlen x heads, head dim --hdim; a prefix 'fp16,causal:' sets the cell's dtype / mask):
 * "bwd": the backward alone (torch.autograd.grad of one forward's graph, separate q, k, v tensors): cuflash's
-  default route (``cf``: the selection's family and config), main's config before session 30 (``main``: the
-  head-dim-64 kernel without wide_epi), sm90_bwd variants forced by bwd_config= (VARIANTS: the default config
-  with one field changed, or other tiles), fa2_bwd's heuristic, and SDPA's backends;
-* "fwd": the forward alone (no grad): cuflash's default, main's (``main``: the head-dim-64 tile's BN 192),
-  sm90_fwd variants forced by config= (FWD_VARIANTS: other K/V block widths, ``bal`` balanced_bn's) and SDPA's
-  backends;
+  default route (``cf``: the selection's family and config), main's config at session 31's start (``main``:
+  head-dim-64 causal calls without wide_epi; elsewhere cf's kernel, a noise reference), sm90_bwd variants forced
+  by bwd_config= (VARIANTS: the default config with one field changed, or other tiles), fa2_bwd's heuristic, and
+  SDPA's backends;
+* "fwd": the forward alone (no grad): cuflash's default, main's at session 31's start (``main``: the heuristic
+  without sm90_fwd.SHORT_KEYS_FIELDS / SHORT_CAUSAL_FIELDS), sm90_fwd variants forced by config= (FWD_VARIANTS:
+  other K/V block widths, ``bal`` balanced_bn's; or '+'-joined FWD_TOKENS on the default config, "bn128+qd")
+  and SDPA's backends; --fwd-max-seqlen: the longest cell that times them;
 * "packed" (--packed): forward + backward on packed qkv (batch, seqlen, 3, heads, d) as the ViT / BERT MHA
   passes it: cuflash's flash_attn_qkvpacked_func (cf_packed: the gradient written into one dqkv buffer), the
   route before it (cf_slices: flash_attn_func on qkv's slices, autograd's per-slice zero-filled gradients
   added) with main's kernels (``main_slices``: main's whole route), the packed route with the candidates
   (``cf_packed_new``: fwd ``bal``, bwd ``w16`` where given) and SDPA on qkv.unbind(2) as models_gpt_timing's
   wrapper calls it.
-Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms.
+Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms;
+"x cf": the peer's time over the default's.
 Then each peer runs --profile times under torch.profiler inside its own record_function range (synchronized),
 and its kernels are listed with their mean GPU us per call: where the time of each route goes.
 Checks: every cuflash backward's gradients against SDPA flash's (relative max difference, printed; > 2e-2
@@ -111,6 +115,9 @@ FWD_TOKENS = {
     "tree": dict(tree_max=True),
     "s3": dict(stages=3),
     "s4": dict(stages=4),
+    "noqd": dict(q_double=False),
+    "notmao": dict(tma_store=False),
+    "pp": dict(pingpong=True),
 }
 
 
@@ -185,15 +192,25 @@ def short(name, n=70):
 
 
 def main_bwd(cfg):
-    """main's backward config before session 30 for the call cuflash now runs with cfg (d 64: no wide_epi)."""
-    return cfg.replace(wide_epi=False) if cfg.family == "sm90_bwd" and cfg.head_dim == 64 else cfg
+    """main's backward config at session 31's start for the call cuflash now runs with cfg: head-dim-64 causal calls
+    without wide_epi (session 31 put it on); the rest as cfg."""
+    return cfg.replace(wide_epi=False) if cfg.family == "sm90_bwd" and cfg.head_dim == 64 and cfg.causal else cfg
 
 
-def main_fwd(cfg):
-    """main's forward config before session 30 (d 64 short keys: BN 192, the persistent dynamic tile)."""
-    if cfg.family == "sm90_fwd" and cfg.head_dim == 64 and cfg.BM == 128:
-        return cfg.replace(BN=192, persistent=True, dynamic=True)
-    return cfg
+def main_fwd(cfg, problem, arch, smem):
+    """main's forward config at session 31's start: the heuristic's without the short-call fields
+    (sm90_fwd.SHORT_KEYS_FIELDS, SHORT_CAUSAL_FIELDS), where cfg is the heuristic's head-dim-64 2-consumer tile."""
+    from cuflash.families import sm90_fwd
+
+    if not (cfg.family == "sm90_fwd" and cfg.head_dim == 64 and cfg.BM == 128 and cfg.consumers == 2):
+        return cfg
+    fam = registry.get("sm90_fwd")
+    saved = sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS
+    sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = {}, {}
+    try:
+        return fam.for_problem(fam.heuristic(problem, arch, smem), problem)
+    finally:
+        sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = saved
 
 
 def main():
@@ -263,7 +280,7 @@ def main():
         plans[cell] = plan(*cell)
         p, (fam, cfg, src), vs, fcfg, (_, fwd_cfg, _), fvs = plans[cell]
         todo += ([] if args.no_bwd else [cfg, main_bwd(cfg)] + list(vs.values()) + ([fcfg] if fcfg else [])) \
-            + [fwd_cfg, main_fwd(fwd_cfg)] + list(fvs.values())
+            + [fwd_cfg, main_fwd(fwd_cfg, p.replace(op="fwd"), cc, smem)] + list(fvs.values())
     todo = list(dict.fromkeys(todo))
     errors = [] if args.no_precompile else [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
@@ -289,7 +306,7 @@ def main():
         tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         d = args.hdim
         p, (fam, cfg, src), vs, fcfg, (ffam, fwd_cfg, fsrc), fvs = plans[cell]
-        mb, mf = main_bwd(cfg), main_fwd(fwd_cfg)
+        mb, mf = main_bwd(cfg), main_fwd(fwd_cfg, p.replace(op="fwd"), cc, smem)
         case = f"{dtype} d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
         print(f"\n== {case}: bwd default {fam.name} {cfg.name} ({src.split('(')[0].strip()}), main {mb.name}; "
               f"fwd default {fwd_cfg.name}, main {mf.name}; variants "

@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 SEQLENS = [(1, 1), (17, 17), (113, 113), (197, 197), (257, 257), (113, 301), (301, 113)]
 SHORT_BNS = (112, 128, 144, 160, 176)
+GPT_SEQLENS = [(128, 128), (256, 256), (512, 512), (1024, 1024)]
+MANY_TILES = [(24, 197, 197), (8, 1024, 1024)]   # (batch, seqlen_q, seqlen_k) at 12 heads: 576 / 768 Q tiles of 128
 BWD = registry.get("sm90_bwd")
 FWD = registry.get("sm90_fwd")
 
@@ -95,6 +97,20 @@ def test_forward_short_bn(dtype, causal, bn):
         check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(64), f"{cfg.name} {sq}x{sk}: ")
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_short_default(dtype, causal):
+    """The default route's head-dim-64 forward (the heuristic's short-call schedule, session 31) on odd lengths,
+    GPT-2's 128..1024 and a call with more tiles than SMs (the persistent CTAs' tile-to-tile hand-over)."""
+    _cc()
+    for i, (b, sq, sk) in enumerate([(3, *s) for s in SEQLENS + GPT_SEQLENS] + MANY_TILES):
+        h, hk = (12, 12) if b > 3 else list(HEADS.values())[i % 3]
+        p = Problem("fwd", dtype, b, sq, sk, h, hk, 64, causal)
+        q, k, v = fwd_inputs(p)
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(64), f"default {dtype} {b}x{sq}x{sk}: ")
+
+
 def configs():
     """Every kernel the tests above run (for cuflash.compile.precompile), with the forwards of the backward
     tests' calls and the backwards without wide_epi (tests/short_seq_sanitize.py's references)."""
@@ -109,6 +125,9 @@ def configs():
                                                    _gpu.max_smem())[1]]
                 for bn in SHORT_BNS:
                     out.append(fwd_bn(p.replace(op="fwd"), bn))
+            for b, sq, sk in [(3, *s) for s in GPT_SEQLENS] + MANY_TILES:
+                pf = Problem("fwd", dtype, b, sq, sk, 12, 12, 64, causal)
+                out.append(select.choose(pf, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
     for hdim, heads in ((64, "gqa"), (40, "mha")):
         out.append(wide_d64(problem("bf16", False, hdim, (197, 197), heads, batch=3)))
     out.append(wide_d64(Problem("bwd", "bf16", 24, 197, 197, 12, 12, 64, False)))

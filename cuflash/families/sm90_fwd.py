@@ -175,10 +175,25 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # results/NVIDIA_H200/logs/session30_sb1/r2): 64 x 197 x 12 heads 0.763 / 0.767 (BN 112; BN 128 0.790, 144 0.849,
 # 160 0.912, 176 0.971), 128 x 128 x 12 0.881 / 0.863 (BN 128), 32 x 512 x 12 BN 128 0.921 (BN 176 0.957 / 0.956),
 # 64 x 577 x 16 0.882 / 0.883 (BN 160; BN 128 0.889); fp16 64 x 197 0.763 (A). The non-persistent grid was
-# slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Causal calls and longer keys
-# keep BN 192 (unmeasured); select.choose_on_device caches short calls per seqlen_k (SHORT_EXACT).
+# slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Longer keys keep BN 192;
+# causal calls take SHORT_CAUSAL_FIELDS (below); select.choose_on_device caches short calls per seqlen_k (SHORT_EXACT).
 SHORT_KEYS_MAX = 768
 SHORT_KEYS_BNS = (112, 128, 144, 160, 176, 192)
+
+
+# The schedule of those short calls (session 31, sb2; issue 12): SHORT_KEYS_FIELDS on the short-key tile of plain
+# non-causal calls (as its BN, up to SHORT_KEYS_MAX keys), SHORT_CAUSAL_FIELDS on plain causal calls below
+# HEURISTIC_D64_MIN_BUCKET (the 2-consumer dynamic tile; BN 128 = BM: one diagonal block per Q tile, where BN 192
+# crossed the diagonal with a partly empty block), both by dtype-independent rules. Measured on one H200 (session 31,
+# sb2 round 1, tests/short_seq_timing.py, bf16, forward alone x the tile without them in the same process, two
+# processes A / B; results/NVIDIA_H200/logs/session31_sb2/r1): non-causal, the TMA-store epilogue: 256 x 197 x 12
+# 0.911 / 0.911 (q_double + tma_store 0.908 / 0.906; no pingpong 0.926, static 0.977, tile_overlap 0.986 / 0.990,
+# BM 64 1.45, q_double 1.02, 4 stages 1.00), 256 x 128 x 12 0.808 / 0.807 (q_double + tma_store 0.818); SDPA cuDNN
+# 0.901 / 0.694 there. Causal (x BN 192): BN 128 + q_double + tma_store at 32 x 512 x 12 0.793 / 0.792, 32 x 1024 x 12
+# 0.845 / 0.839 (BN 128 alone 0.917 / 0.943, tma_store alone 0.934 / 0.982, q_double alone 1.053, BM 192 0.966 /
+# 1.006, static 1.26); SDPA cuDNN 0.745 / 0.812.
+SHORT_KEYS_FIELDS: dict = dict(tma_store=True)
+SHORT_CAUSAL_FIELDS: dict = dict(BN=128, q_double=True, tma_store=True)
 
 
 def short_keys_bn(seqlen_k: int) -> int:
@@ -1456,7 +1471,11 @@ class Sm90Forward(Family):
                 cfg = cfg.replace(q_double=True)
         if (d == 64 and dynamic and not problem.causal and not problem.features and not is_varlen(problem)
                 and problem.seqlen_k <= SHORT_KEYS_MAX and cfg.BM == 128 and cfg.consumers == 2):
-            cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k))   # (short keys: the least padding)
+            # (short keys: the least padding; the TMA-store epilogue)
+            cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k), **SHORT_KEYS_FIELDS)
+        if (d == 64 and dynamic and problem.causal and not problem.features and not is_varlen(problem)
+                and problem.bucket < HEURISTIC_D64_MIN_BUCKET and cfg.BM == 128 and cfg.consumers == 2):
+            cfg = cfg.replace(**SHORT_CAUSAL_FIELDS)   # (short causal calls: BN = BM, two Q buffers, TMA store)
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
