@@ -5,7 +5,9 @@
   causal or not, bf16 and fp16; a GQA call (the kernel's run-time check keeps the 4-byte stores) and a real
   head dim below 64 (40: the lanes' 8-column groups past it not stored);
 * sm90_fwd's head-dim-64 tile with the K/V block widths of short keys (SHORT_BNS: BN 112 .. 176 beside the
-  default 192), on the same lengths.
+  default 192), on the same lengths;
+* the default route's head-dim-64 forward (session 31's short-call schedule: tma_store, causal BN 128 + q_double)
+  on those lengths, GPT-2's 128 .. 1024 and calls with more Q tiles than SMs.
 
 The 3x gradient rule / 2x output rule against float64 (test_flash_bwd_gpu.check_grads, test_flash_fwd_gpu.
 check_forward), outputs poisoned (NaN) before each launch, fresh random inputs.
@@ -111,9 +113,10 @@ def test_forward_short_default(dtype, causal):
         check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(64), f"default {dtype} {b}x{sq}x{sk}: ")
 
 
-def configs():
+def configs(forward_bns=True):
     """Every kernel the tests above run (for cuflash.compile.precompile), with the forwards of the backward
-    tests' calls and the backwards without wide_epi (tests/short_seq_sanitize.py's references)."""
+    tests' calls and the backwards without wide_epi (tests/short_seq_sanitize.py's references); forward_bns=False
+    (--default-only): without test_forward_short_bn's."""
     from cuflash import _gpu, select
 
     out = []
@@ -121,9 +124,9 @@ def configs():
         for causal in (False, True):
             for s in SEQLENS:
                 p = problem(dtype, causal, 64, s, batch=3)
-                out += [wide_d64(p), wide_d64(p).replace(wide_epi=False), select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(),
-                                                   _gpu.max_smem())[1]]
-                for bn in SHORT_BNS:
+                out += [wide_d64(p), wide_d64(p).replace(wide_epi=False),
+                        select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]]
+                for bn in SHORT_BNS if forward_bns else ():
                     out.append(fwd_bn(p.replace(op="fwd"), bn))
             for b, sq, sk in [(3, *s) for s in GPT_SEQLENS] + MANY_TILES:
                 pf = Problem("fwd", dtype, b, sq, sk, 12, 12, 64, causal)
@@ -137,6 +140,6 @@ def configs():
 if __name__ == "__main__" and "--precompile" in sys.argv:
     from cuflash.compile import precompile
 
-    todo = configs()
+    todo = configs(forward_bns="--default-only" not in sys.argv)
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     print(f"{len(todo)} kernels, {len(errors)} errors", errors[:3])
