@@ -41,7 +41,7 @@ def test_forward_heuristic_short_keys(dtype):
     for s in (128, 197, 257, 512, 577, 768):
         cfg = FWD.heuristic(fwd(s, dtype=dtype))
         assert cfg.BN == sm90_fwd.short_keys_bn(s) and (cfg.BM, cfg.consumers) == (128, 2), cfg.name
-        assert cfg.persistent and cfg.dynamic and not cfg.problems(232448), cfg.name
+        assert cfg.persistent and not cfg.dynamic and not cfg.problems(232448), cfg.name
         assert cfg.tma_store and not cfg.q_double and cfg.pingpong, cfg.name   # SHORT_KEYS_FIELDS
     base = FWD.heuristic(fwd(1024, dtype=dtype))
     assert base.BN == 192 and not base.tma_store and FWD.heuristic(fwd(769, dtype=dtype)) == base
@@ -80,7 +80,7 @@ def test_choose_on_device_per_short_length(h200):
 def test_warmup_warms_the_short_widths(h200):
     names = {c.name for c in warmup.configs_to_warm(["fwd"], ["bf16"], [64], [False])}
     for bn in sm90_fwd.SHORT_KEYS_BNS:
-        assert f"sm90fwd_bf16_d64_full_BM128_BN{bn}_s2_c2_pp_persist_dyn_tmao" in names, (bn, sorted(names))
+        assert f"sm90fwd_bf16_d64_full_BM128_BN{bn}_s2_c2_pp_persist_tmao" in names, (bn, sorted(names))
     causal = {c.name for c in warmup.configs_to_warm(["fwd"], ["bf16"], [64], [True])}
     assert "sm90fwd_bf16_d64_causal_BM128_BN128_s2_c2_pp_persist_dyn_tmao_q2" in causal, sorted(causal)
 

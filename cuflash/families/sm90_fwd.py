@@ -181,18 +181,24 @@ SHORT_KEYS_MAX = 768
 SHORT_KEYS_BNS = (112, 128, 144, 160, 176, 192)
 
 
-# The schedule of those short calls (session 31, sb2; issue 12): SHORT_KEYS_FIELDS on the short-key tile of plain
-# non-causal calls (as its BN, up to SHORT_KEYS_MAX keys), SHORT_CAUSAL_FIELDS on plain causal calls below
-# HEURISTIC_D64_MIN_BUCKET (the 2-consumer dynamic tile; BN 128 = BM: one diagonal block per Q tile, where BN 192
-# crossed the diagonal with a partly empty block), both by dtype-independent rules. Measured on one H200 (session 31,
-# sb2 round 1, tests/short_seq_timing.py, bf16, forward alone x the tile without them in the same process, two
-# processes A / B; results/NVIDIA_H200/logs/session31_sb2/r1): non-causal, the TMA-store epilogue: 256 x 197 x 12
-# 0.911 / 0.911 (q_double + tma_store 0.908 / 0.906; no pingpong 0.926, static 0.977, tile_overlap 0.986 / 0.990,
-# BM 64 1.45, q_double 1.02, 4 stages 1.00), 256 x 128 x 12 0.808 / 0.807 (q_double + tma_store 0.818); SDPA cuDNN
-# 0.901 / 0.694 there. Causal (x BN 192): BN 128 + q_double + tma_store at 32 x 512 x 12 0.793 / 0.792, 32 x 1024 x 12
-# 0.845 / 0.839 (BN 128 alone 0.917 / 0.943, tma_store alone 0.934 / 0.982, q_double alone 1.053, BM 192 0.966 /
-# 1.006, static 1.26); SDPA cuDNN 0.745 / 0.812.
-SHORT_KEYS_FIELDS: dict = dict(tma_store=True)
+# The schedule of those short calls (session 31, sb2; issue 12), bf16 and fp16 alike: SHORT_KEYS_FIELDS on the
+# short-key tile of plain non-causal calls (with its BN, up to SHORT_KEYS_MAX keys), SHORT_CAUSAL_FIELDS on plain
+# causal calls below HEURISTIC_D64_MIN_BUCKET (the 2-consumer tile; BN 128 = BM: one diagonal block per Q tile, where
+# BN 192 crossed the diagonal with a partly empty block). Measured on one H200 (tests/short_seq_timing.py, forward
+# alone x main's tile in the same process, two processes A / B; results/NVIDIA_H200/logs/session31_sb2/r1, r2):
+# * non-causal: r1 (bf16, one field on the short-key tile), the TMA-store epilogue 256 x 197 x 12 0.911 / 0.911,
+#   256 x 128 x 12 0.808 / 0.807 (no pingpong 0.926 / 0.972, static 0.977 / 0.954, q_double 1.02, tile_overlap 0.99 /
+#   1.06, 4 stages 1.00, BM 64 1.45); r2 (tma_store as the default, static on top of it), x main: 256 x 197 x 12
+#   0.909 -> static 0.862 / 0.861, fp16 0.910 -> 0.863 / 0.869, 256 x 128 x 12 0.805 -> 0.788 / 0.790, 128 x 512 x 12
+#   0.949 -> 0.894 / 0.893, 64 x 577 x 16 0.990 -> 0.950 / 0.953 (no pingpong instead: 0.866, 0.805, 0.935, 0.940);
+#   SDPA cuDNN 0.899, 0.693, 0.853, 0.979 there. Static persistent, as HEURISTIC_NC's longer non-causal calls: equal
+#   tiles leave the dynamic scheduler no imbalance to fix.
+# * causal, BN 128 + q_double + tma_store: r1 (bf16 x BN 192) 32 x 512 x 12 0.793 / 0.792, 32 x 1024 x 12 0.845 /
+#   0.839 (BN 128 alone 0.917 / 0.943, tma_store alone 0.934 / 0.982, q_double alone 1.05, BM 192 0.97 / 1.01, static
+#   1.26); r2 (as the default, x main) 128 x 256 x 12 0.669 / 0.665, 32 x 512 0.795 / 0.795, 32 x 1024 0.845 / 0.847,
+#   16 x 1440 (the bucket's edge) 0.890 / 0.890; without q_double 1.00-1.03x, without tma_store 1.09-1.24x, no
+#   pingpong 0.99-1.02x, BN 192 1.07-1.34x; SDPA cuDNN 0.595, 0.751, 0.819, 0.907 of main's time there.
+SHORT_KEYS_FIELDS: dict = dict(tma_store=True, dynamic=False)
 SHORT_CAUSAL_FIELDS: dict = dict(BN=128, q_double=True, tma_store=True)
 
 
@@ -1471,7 +1477,7 @@ class Sm90Forward(Family):
                 cfg = cfg.replace(q_double=True)
         if (d == 64 and dynamic and not problem.causal and not problem.features and not is_varlen(problem)
                 and problem.seqlen_k <= SHORT_KEYS_MAX and cfg.BM == 128 and cfg.consumers == 2):
-            # (short keys: the least padding; the TMA-store epilogue)
+            # (short keys: the least padding; static persistent, the TMA-store epilogue)
             cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k), **SHORT_KEYS_FIELDS)
         if (d == 64 and dynamic and problem.causal and not problem.features and not is_varlen(problem)
                 and problem.bucket < HEURISTIC_D64_MIN_BUCKET and cfg.BM == 128 and cfg.consumers == 2):
