@@ -19,7 +19,8 @@ Per shape (batch x seqlen x heads, head dim --hdim; a prefix 'fp16,causal:' sets
 * "packed" (--packed): forward + backward on packed qkv (batch, seqlen, 3, heads, d) as the ViT / BERT MHA
   passes it: cuflash's flash_attn_qkvpacked_func (cf_packed: the gradient written into one dqkv buffer), the
   route before it (cf_slices: flash_attn_func on qkv's slices, autograd's per-slice zero-filled gradients
-  added) with main's kernels (``main_slices``: main's whole route), the packed route with the candidates
+  added) with main's kernels (``main_slices``: the route before session 30), the packed route with main's
+  kernels at session 31's start (``main_packed``, where they differ from cf's), the packed route with the candidates
   (``cf_packed_new``: fwd ``bal``, bwd ``w16`` where given) and SDPA on qkv.unbind(2) as models_gpt_timing's
   wrapper calls it.
 Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms;
@@ -118,6 +119,7 @@ FWD_TOKENS = {
     "noqd": dict(q_double=False),
     "notmao": dict(tma_store=False),
     "pp": dict(pingpong=True),
+    "dyn": dict(dynamic=True),
 }
 
 
@@ -279,7 +281,8 @@ def main():
     for cell in cells:
         plans[cell] = plan(*cell)
         p, (fam, cfg, src), vs, fcfg, (_, fwd_cfg, _), fvs = plans[cell]
-        todo += ([] if args.no_bwd else [cfg, main_bwd(cfg)] + list(vs.values()) + ([fcfg] if fcfg else [])) \
+        todo += ([] if args.no_bwd and not args.packed else [cfg, main_bwd(cfg)]) \
+            + ([] if args.no_bwd else list(vs.values()) + ([fcfg] if fcfg else [])) \
             + [fwd_cfg, main_fwd(fwd_cfg, p.replace(op="fwd"), cc, smem)] + list(fvs.values())
     todo = list(dict.fromkeys(todo))
     errors = [] if args.no_precompile else [(c.name, e) for c, _, e in precompile(todo) if e]
@@ -406,6 +409,8 @@ def main():
                   "main_slices": lambda: cuflash.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
                                                                  causal=causal, config=mf, bwd_config=mb),
                   "sdpa_packed": sdpa_packed}
+            if (mf, mb) != (fwd_cfg, cfg):   # the packed route with main's kernels (session 31's start)
+                pk["main_packed"] = lambda: flash_attn_qkvpacked_func(qkv, causal=causal, config=mf, bwd_config=mb)
             nf, nb = fvs.get("bal", fwd_cfg), vs.get("w16", cfg)
             if (nf, nb) != (fwd_cfg, cfg):   # the packed route with the candidate kernels (bal, w16)
                 pk["cf_packed_new"] = lambda: flash_attn_qkvpacked_func(qkv, causal=causal, config=nf, bwd_config=nb)
