@@ -103,14 +103,17 @@ def test_forward_short_bn(dtype, causal, bn):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_short_default(dtype, causal):
     """The default route's head-dim-64 forward (the heuristic's short-call schedule, session 31) on odd lengths,
-    GPT-2's 128..1024 and a call with more tiles than SMs (the persistent CTAs' tile-to-tile hand-over)."""
+    GPT-2's 128..1024, calls with more tiles than SMs (the persistent CTAs' tile-to-tile hand-over) and a real head
+    dim of 40 (the d64 kernel: O's TMA store clipped at the row's end)."""
     _cc()
-    for i, (b, sq, sk) in enumerate([(3, *s) for s in SEQLENS + GPT_SEQLENS] + MANY_TILES):
+    cases = [(3, *s, 64) for s in SEQLENS + GPT_SEQLENS] + [(*c, 64) for c in MANY_TILES]
+    cases += [(3, 197, 197, 40), (3, 300, 300, 40)]
+    for i, (b, sq, sk, d) in enumerate(cases):
         h, hk = (12, 12) if b > 3 else list(HEADS.values())[i % 3]
-        p = Problem("fwd", dtype, b, sq, sk, h, hk, 64, causal)
+        p = Problem("fwd", dtype, b, sq, sk, h, hk, d, causal)
         q, k, v = fwd_inputs(p)
         out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
-        check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(64), f"default {dtype} {b}x{sq}x{sk}: ")
+        check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(d), f"default {dtype} {b}x{sq}x{sk} d{d}: ")
 
 
 def configs(forward_bns=True):
