@@ -395,7 +395,8 @@ def test_family_imports_without_a_driver():
             "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN112_s2_c2_pp_persist_dyn"]   # (64 keys: short_keys_bn)
+    # (64 keys: short_keys_bn, static persistent with the TMA store: SHORT_KEYS_FIELDS)
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN112_s2_c2_pp_persist_tmao"]
 
 
 # ---------------------------------------------------------------------------------------
