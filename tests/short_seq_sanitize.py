@@ -102,8 +102,8 @@ def main_fwd_config(fam, p):
 
 
 def s31_fwd_part(cases):
-    """The session-31 short-call forward defaults (tma_store; causal BN 128 + q_double + tma_store) against main's
-    config: out within 2e-2, no NaN."""
+    """The session-31 short-call forward defaults (static persistent + tma_store; causal BN 128 + q_double +
+    tma_store) against main's config: out within 2e-2, no NaN."""
     fam = registry.get("sm90_fwd")
     for dtype, b, sq, sk, h, causal in cases:
         p = Problem("fwd", dtype, b, sq, sk, h, h, 64, causal)
@@ -119,7 +119,7 @@ def s31_fwd_part(cases):
         print("ok s31 fwd", new.name, (b, sq, sk, h), f"diff {err:.1e}", flush=True)
 
 
-# the session-31 defaults: non-causal short keys (BN 112 / 128 / 160 + tma_store), causal below the 2048 bucket
+# the session-31 defaults: non-causal short keys (static + tma_store), causal below the 2048 bucket
 # (more tiles than SMs at 40 heads x 8 Q blocks: the persistent CTAs' second Q buffer in use); causal backward with
 # wide_epi; every short-key width in both dtypes. --s31 --quick: the first three forward cases (both masks, both
 # dtypes) and the first backward case
