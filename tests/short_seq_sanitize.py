@@ -12,7 +12,9 @@
   the per-slice route's, deterministic.
 --quick: one shape per part (racecheck / synccheck are slow); without it also a shape with more K/V tiles than
 SMs (the dynamic scheduler's tile claims across tiles). --rest: the default kernels --quick leaves out
-(--rest --precompile: compile them first, in parallel processes, and exit).
+(--rest --precompile: compile them first, in parallel processes, and exit). --s31: session 31's short-call
+defaults (S31_FWD, S31_BWD; with --quick, fewer; with --fp16, the fp16 ones --quick leaves out; --s31 --precompile
+compiles them).
 """
 import os
 import sys
@@ -88,8 +90,80 @@ def packed_part(cases):
         print("ok packed", (b, s, h, causal), flush=True)
 
 
+def main_fwd_config(fam, p):
+    """main's forward config at session 31's start for p: the heuristic without the short-call fields."""
+    from cuflash.families import sm90_fwd
+
+    saved = sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS
+    sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = {}, {}
+    try:
+        return fam.for_problem(fam.heuristic(p, _gpu.arch()), p)
+    finally:
+        sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = saved
+
+
+def s31_fwd_part(cases):
+    """The session-31 short-call forward defaults (static persistent + tma_store; causal BN 128 + q_double +
+    tma_store) against main's config: out within 2e-2, no NaN."""
+    fam = registry.get("sm90_fwd")
+    for dtype, b, sq, sk, h, causal in cases:
+        p = Problem("fwd", dtype, b, sq, sk, h, h, 64, causal)
+        new, old = fam.for_problem(fam.heuristic(p, _gpu.arch()), p), main_fwd_config(fam, p)
+        assert new != old and not new.problems(), (new.name, new.problems())
+        q, k, v = (rand(b, s, h, 64, dtype=DTYPES[dtype]) for s in (sq, sk, sk))
+        ref = cuflash.flash_attn_func(q, k, v, causal=causal, config=old)
+        out = cuflash.flash_attn_func(q, k, v, causal=causal, config=new)
+        assert not out.isnan().any(), f"{new.name}: NaN"
+        err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6)).item()
+        assert err < 2e-2, f"{new.name}: out differs from {old.name} by {err}"
+        torch.cuda.synchronize()
+        print("ok s31 fwd", new.name, (b, sq, sk, h), f"diff {err:.1e}", flush=True)
+
+
+# the session-31 defaults: non-causal short keys (static + tma_store), causal below the 2048 bucket
+# (more tiles than SMs at 40 heads x 8 Q blocks: the persistent CTAs' second Q buffer in use); causal backward with
+# wide_epi; every short-key width in both dtypes. --s31 --quick: the first three forward cases (both masks, both
+# dtypes) and the first backward case
+S31_FWD = [("bf16", 1, 197, 197, 2, False), ("bf16", 1, 1024, 1024, 40, True), ("fp16", 1, 128, 128, 2, False),
+           ("fp16", 1, 113, 301, 2, True), ("bf16", 1, 577, 577, 2, False), ("fp16", 1, 301, 113, 20, True),
+           ("bf16", 1, 257, 257, 2, False), ("bf16", 1, 700, 700, 2, False), ("bf16", 1, 384, 384, 2, False),
+           ("bf16", 1, 128, 128, 2, False), ("fp16", 1, 197, 197, 2, False), ("fp16", 1, 257, 257, 2, False),
+           ("fp16", 1, 577, 577, 2, False), ("fp16", 1, 700, 700, 2, False), ("fp16", 1, 384, 384, 2, False),
+           ("bf16", 8, 197, 197, 12, False)]   # (the last: 192 Q tiles on 132 CTAs)
+S31_BWD = [("bf16", 1, 512, 512, 2, True), ("fp16", 1, 113, 301, 2, True)]
+
+
+def s31_configs():
+    fam, b = registry.get("sm90_fwd"), registry.get("sm90_bwd")
+    out = []
+    for dtype, bb, sq, sk, h, causal in S31_FWD:
+        p = Problem("fwd", dtype, bb, sq, sk, h, h, 64, causal)
+        out += [fam.for_problem(fam.heuristic(p, _gpu.arch()), p), main_fwd_config(fam, p)]
+    for dtype, bb, sq, sk, h, causal in S31_BWD:
+        p = Problem("bwd", dtype, bb, sq, sk, h, h, 64, causal)
+        hb = b.for_problem(b.heuristic(p, _gpu.arch()), p)
+        out += [hb, hb.replace(wide_epi=False)]
+    return list(dict.fromkeys(out))
+
+
 def main():
     api.POISON_OUTPUTS = True
+    if "--s31" in sys.argv:
+        if "--precompile" in sys.argv:
+            from cuflash.compile import precompile
+
+            todo = s31_configs()
+            print([(c.name, e) for c, _, e in precompile(todo) if e] or f"{len(todo)} kernels compiled", flush=True)
+            return
+        quick = "--quick" in sys.argv
+        if "--fp16" in sys.argv:   # the fp16 kernels --quick leaves to memcheck: causal forward and backward, BN 112
+            s31_fwd_part([S31_FWD[3], S31_FWD[5], S31_FWD[10]])
+            bwd_part(S31_BWD[1:])
+        else:
+            s31_fwd_part(S31_FWD[:3] if quick else S31_FWD)
+            bwd_part(S31_BWD[:1] if quick else S31_BWD)
+        print("short_seq sanitize done")
+        return
     if "--rest" in sys.argv:
         # the default kernels --quick leaves to memcheck alone: fp16's non-causal backward (q_rotate, wide_epi) and
         # the forward BNs 144 / 160 / 176 in both dtypes

@@ -3,23 +3,28 @@ attention's forward and backward at those shapes, cuflash next to SDPA's flash, 
 backends in one process, with each peer's kernels and their GPU time (torch.profiler, CUPTI). Not a test.
 
     python tests/short_seq_timing.py [--shapes 64x197x12 fp16,causal:64x197x12 ...] [--variants heur w16 ...]
-                                     [--fwd-variants bal bn128 ...] [--reps 10] [--profile 5] [--out rows.json]
+                                     [--fwd-variants bal bn128 qd+tmao ...] [--no-bwd] [--reps 10] [--profile 5]
+                                     [--out rows.json]
 
 Per shape (batch x seqlen x heads, head dim --hdim; a prefix 'fp16,causal:' sets the cell's dtype / mask):
 * "bwd": the backward alone (torch.autograd.grad of one forward's graph, separate q, k, v tensors): cuflash's
-  default route (``cf``: the selection's family and config), main's config before session 30 (``main``: the
-  head-dim-64 kernel without wide_epi), sm90_bwd variants forced by bwd_config= (VARIANTS: the default config
-  with one field changed, or other tiles), fa2_bwd's heuristic, and SDPA's backends;
-* "fwd": the forward alone (no grad): cuflash's default, main's (``main``: the head-dim-64 tile's BN 192),
-  sm90_fwd variants forced by config= (FWD_VARIANTS: other K/V block widths, ``bal`` balanced_bn's) and SDPA's
-  backends;
+  default route (``cf``: the selection's family and config), main's config at session 31's start (``main``:
+  head-dim-64 causal calls without wide_epi; elsewhere cf's kernel, a noise reference), sm90_bwd variants forced
+  by bwd_config= (VARIANTS: the default config with one field changed, or other tiles), fa2_bwd's heuristic, and
+  SDPA's backends;
+* "fwd": the forward alone (no grad): cuflash's default, main's at session 31's start (``main``: the heuristic
+  without sm90_fwd.SHORT_KEYS_FIELDS / SHORT_CAUSAL_FIELDS), sm90_fwd variants forced by config= (FWD_VARIANTS:
+  other K/V block widths, ``bal`` balanced_bn's; or '+'-joined FWD_TOKENS on the default config, "bn128+qd")
+  and SDPA's backends; --fwd-max-seqlen: the longest cell that times them;
 * "packed" (--packed): forward + backward on packed qkv (batch, seqlen, 3, heads, d) as the ViT / BERT MHA
   passes it: cuflash's flash_attn_qkvpacked_func (cf_packed: the gradient written into one dqkv buffer), the
   route before it (cf_slices: flash_attn_func on qkv's slices, autograd's per-slice zero-filled gradients
-  added) with main's kernels (``main_slices``: main's whole route), the packed route with the candidates
+  added) with main's kernels (``main_slices``: the route before session 30), the packed route with main's
+  kernels at session 31's start (``main_packed``, where they differ from cf's), the packed route with the candidates
   (``cf_packed_new``: fwd ``bal``, bwd ``w16`` where given) and SDPA on qkv.unbind(2) as models_gpt_timing's
   wrapper calls it.
-Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms.
+Times: CUDA events, the peers' samples interleaved (cuflash.timing.time_interleaved, back_to_back 5), median ms;
+"x cf": the peer's time over the default's.
 Then each peer runs --profile times under torch.profiler inside its own record_function range (synchronized),
 and its kernels are listed with their mean GPU us per call: where the time of each route goes.
 Checks: every cuflash backward's gradients against SDPA flash's (relative max difference, printed; > 2e-2
@@ -94,6 +99,28 @@ def balanced_bn(seqlen_k):
 
 
 FWD_VARIANTS = ("bn112", "bn128", "bn144", "bn160", "bn176", "bal", "bal_np")
+# Tokens of a composed forward variant ("qd+tmao", "c1+np", "stat+ovl", "bn128+qd"): each changes the default
+# config's fields, applied left to right (session 31, sb2).
+FWD_TOKENS = {
+    "qd": dict(q_double=True),                                    # the next tile's Q loaded under this one
+    "tmao": dict(tma_store=True),                                 # O through shared memory by TMA store
+    "stat": dict(dynamic=False),                                  # static persistent
+    "ovl": dict(dynamic=False, tile_overlap=True),                # static persistent, next tile's S_0 early
+    "pf": dict(dynamic=False, prefetch=True),                     # static persistent, next Q prefetched to L2
+    "ew": dict(dynamic=False, even_waves=True),                   # static persistent, even waves
+    "np": dict(persistent=False, dynamic=False),                  # one CTA per tile
+    "c1": dict(BM=64, consumers=1, pingpong=False),               # one consumer warpgroup
+    "c2": dict(BM=128, consumers=2, pingpong=True),
+    "c3": dict(BM=192, consumers=3, pingpong=True, BN=128),       # the d64 tile of 2k and up
+    "nopp": dict(pingpong=False),
+    "tree": dict(tree_max=True),
+    "s3": dict(stages=3),
+    "s4": dict(stages=4),
+    "noqd": dict(q_double=False),
+    "notmao": dict(tma_store=False),
+    "pp": dict(pingpong=True),
+    "dyn": dict(dynamic=True),
+}
 
 
 def fwd_variant(name, cfg, seqlen_k):
@@ -101,7 +128,20 @@ def fwd_variant(name, cfg, seqlen_k):
         return cfg.replace(BN=balanced_bn(seqlen_k))
     if name == "bal_np":
         return cfg.replace(BN=balanced_bn(seqlen_k), persistent=False, dynamic=False)
+    if "+" in name or name in FWD_TOKENS:
+        for tok in name.split("+"):
+            cfg = cfg.replace(BN=int(tok[2:])) if tok.startswith("bn") else cfg.replace(**FWD_TOKENS[tok])
+        return cfg
     return cfg.replace(BN=int(name[2:]))
+
+
+def fwd_variant_name(text):
+    """argparse type of --fwd-variants: a FWD_VARIANTS name or '+'-joined tokens (FWD_TOKENS, bnNNN)."""
+    ok = text in FWD_VARIANTS or all(t in FWD_TOKENS or (t.startswith("bn") and t[2:].isdigit())
+                                     for t in text.split("+"))
+    if not ok:
+        raise argparse.ArgumentTypeError(f"--fwd-variants: unknown variant {text!r} (tokens {sorted(FWD_TOKENS)})")
+    return text
 
 
 def sdpa(backend, causal=False):
@@ -154,15 +194,25 @@ def short(name, n=70):
 
 
 def main_bwd(cfg):
-    """main's backward config before session 30 for the call cuflash now runs with cfg (d 64: no wide_epi)."""
-    return cfg.replace(wide_epi=False) if cfg.family == "sm90_bwd" and cfg.head_dim == 64 else cfg
+    """main's backward config at session 31's start for the call cuflash now runs with cfg: head-dim-64 causal calls
+    without wide_epi (session 31 put it on); the rest as cfg."""
+    return cfg.replace(wide_epi=False) if cfg.family == "sm90_bwd" and cfg.head_dim == 64 and cfg.causal else cfg
 
 
-def main_fwd(cfg):
-    """main's forward config before session 30 (d 64 short keys: BN 192, the persistent dynamic tile)."""
-    if cfg.family == "sm90_fwd" and cfg.head_dim == 64 and cfg.BM == 128:
-        return cfg.replace(BN=192, persistent=True, dynamic=True)
-    return cfg
+def main_fwd(cfg, problem, arch, smem):
+    """main's forward config at session 31's start: the heuristic's without the short-call fields
+    (sm90_fwd.SHORT_KEYS_FIELDS, SHORT_CAUSAL_FIELDS), where cfg is the heuristic's head-dim-64 2-consumer tile."""
+    from cuflash.families import sm90_fwd
+
+    if not (cfg.family == "sm90_fwd" and cfg.head_dim == 64 and cfg.BM == 128 and cfg.consumers == 2):
+        return cfg
+    fam = registry.get("sm90_fwd")
+    saved = sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS
+    sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = {}, {}
+    try:
+        return fam.for_problem(fam.heuristic(problem, arch, smem), problem)
+    finally:
+        sm90_fwd.SHORT_KEYS_FIELDS, sm90_fwd.SHORT_CAUSAL_FIELDS = saved
 
 
 def main():
@@ -173,10 +223,12 @@ def main():
     ap.add_argument("--variants", nargs="*", default=list(ROUND1), choices=list(VARIANTS))
     ap.add_argument("--long-variants", nargs="*", default=["heur"], choices=list(VARIANTS),
                     help="the variants at seqlen >= 1024")
-    ap.add_argument("--fwd-variants", nargs="*", default=[], choices=list(FWD_VARIANTS))
+    ap.add_argument("--fwd-variants", nargs="*", default=[], type=fwd_variant_name)
+    ap.add_argument("--fwd-max-seqlen", type=int, default=1023, help="the longest cell with --fwd-variants")
     ap.add_argument("--sdpa", nargs="*", default=["flash", "cudnn", "eff"])
     ap.add_argument("--no-fa2", action="store_true")
     ap.add_argument("--no-fwd", action="store_true")
+    ap.add_argument("--no-bwd", action="store_true", help="the forward alone (no backward peers compiled or timed)")
     ap.add_argument("--packed", action="store_true", help="also packed qkv fwd+bwd, cuflash vs SDPA (auto)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--b2b", type=int, default=5)
@@ -213,7 +265,7 @@ def main():
         pf = p.replace(op="fwd")
         ffam, fwd_cfg, fsrc = choose(pf, cc, dev, smem)
         fvs = {}
-        if ffam.name == "sm90_fwd" and s < 1024:
+        if ffam.name == "sm90_fwd" and s <= args.fwd_max_seqlen:
             for n in args.fwd_variants:
                 c = fwd_variant(n, fwd_cfg, s)
                 bad = c.problems(smem)
@@ -229,8 +281,9 @@ def main():
     for cell in cells:
         plans[cell] = plan(*cell)
         p, (fam, cfg, src), vs, fcfg, (_, fwd_cfg, _), fvs = plans[cell]
-        todo += [cfg, fwd_cfg, main_bwd(cfg), main_fwd(fwd_cfg)] + list(vs.values()) + list(fvs.values()) \
-            + ([fcfg] if fcfg else [])
+        todo += ([] if args.no_bwd and not args.packed else [cfg, main_bwd(cfg)]) \
+            + ([] if args.no_bwd else list(vs.values()) + ([fcfg] if fcfg else [])) \
+            + [fwd_cfg, main_fwd(fwd_cfg, p.replace(op="fwd"), cc, smem)] + list(fvs.values())
     todo = list(dict.fromkeys(todo))
     errors = [] if args.no_precompile else [(c.name, e) for c, _, e in precompile(todo) if e]
     assert not errors, errors
@@ -256,7 +309,7 @@ def main():
         tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         d = args.hdim
         p, (fam, cfg, src), vs, fcfg, (ffam, fwd_cfg, fsrc), fvs = plans[cell]
-        mb, mf = main_bwd(cfg), main_fwd(fwd_cfg)
+        mb, mf = main_bwd(cfg), main_fwd(fwd_cfg, p.replace(op="fwd"), cc, smem)
         case = f"{dtype} d{d} {'causal' if causal else 'full'} b{b} s{s} h{h}"
         print(f"\n== {case}: bwd default {fam.name} {cfg.name} ({src.split('(')[0].strip()}), main {mb.name}; "
               f"fwd default {fwd_cfg.name}, main {mf.name}; variants "
@@ -264,45 +317,48 @@ def main():
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=tdt) for _ in range(4))
         # backward alone
-        bw = {"cf": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout),
-              "main": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=mb),
-                              q, k, v, dout)}
-        for n, c in vs.items():
-            bw[f"sm90:{n}"] = grad_fn(lambda q, k, v, c=c: cuflash.flash_attn_func(q, k, v, causal=causal,
-                                                                                   bwd_config=c), q, k, v, dout)
-        if fcfg is not None:
-            bw["fa2_bwd"] = grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=fcfg),
-                                    q, k, v, dout)
-        for be in args.sdpa:
-            try:
-                fn = grad_fn(sdpa(be, causal), q, k, v, dout)
-                fn()
-                bw[f"sdpa_{be}"] = fn
-            except RuntimeError as e:
-                print(f"sdpa_{be}: skipped ({str(e).splitlines()[0][:100]})", flush=True)
-        grads = {n: fn() for n, fn in bw.items()}
-        torch.cuda.synchronize()
-        ref = grads.get("sdpa_flash") or grads.get("sdpa_cudnn") or grads["main"]
-        times = time_interleaved(bw, warmup=3, reps=args.reps, back_to_back=args.b2b)
-        flops = op_flops(p)
-        tref = {n: times[n].median_ms for n in bw if n.startswith("sdpa_")}
-        best_sdpa = min(tref.values()) if tref else float("nan")
-        print(f"{'bwd ' + case:<40} {'peer':<14} {'ms':>8} {'TFLOPs':>7} {'x main':>6} {'x best sdpa':>11} "
-              f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
-        tm = times["main"].median_ms
-        for n in bw:
-            t = times[n].median_ms
-            ddq, dkv = grad_diffs(grads[n], ref)
-            flag = "  MISMATCH" if not n.startswith("sdpa") and max(ddq, dkv) > 2e-2 else ""
-            label = vs[n[5:]].name if n.startswith("sm90:") else fcfg.name if n == "fa2_bwd" else \
-                cfg.name if n == "cf" else mb.name if n == "main" else n
-            print(f"{'bwd ' + case:<40} {n:<14} {t:8.4f} {flops / t / 1e9:7.1f} {t / tm:6.3f} "
-                  f"{t / best_sdpa:11.3f} {ddq:8.1e} {dkv:8.1e}{flag}", flush=True)
-            rows.append(dict(what="bwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
-                             kernel=label, ms=t, samples=list(times[n].samples), tflops=flops / t / 1e9,
-                             x_main=t / tm, x_best_sdpa=t / best_sdpa, dq_diff=ddq, dkv_diff=dkv))
-        kernels_of("bwd", bw, cell)
-        del bw, grads
+        if not args.no_bwd:
+            bw = {"cf": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal), q, k, v, dout),
+                  "main": grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, bwd_config=mb),
+                                  q, k, v, dout)}
+            for n, c in vs.items():
+                bw[f"sm90:{n}"] = grad_fn(lambda q, k, v, c=c: cuflash.flash_attn_func(q, k, v, causal=causal,
+                                                                                       bwd_config=c), q, k, v, dout)
+            if fcfg is not None:
+                bw["fa2_bwd"] = grad_fn(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal,
+                                                                                bwd_config=fcfg), q, k, v, dout)
+            for be in args.sdpa:
+                try:
+                    fn = grad_fn(sdpa(be, causal), q, k, v, dout)
+                    fn()
+                    bw[f"sdpa_{be}"] = fn
+                except RuntimeError as e:
+                    print(f"sdpa_{be}: skipped ({str(e).splitlines()[0][:100]})", flush=True)
+            grads = {n: fn() for n, fn in bw.items()}
+            torch.cuda.synchronize()
+            ref = grads.get("sdpa_flash") or grads.get("sdpa_cudnn") or grads["main"]
+            times = time_interleaved(bw, warmup=3, reps=args.reps, back_to_back=args.b2b)
+            flops = op_flops(p)
+            tref = {n: times[n].median_ms for n in bw if n.startswith("sdpa_")}
+            best_sdpa = min(tref.values()) if tref else float("nan")
+            print(f"{'bwd ' + case:<40} {'peer':<14} {'ms':>8} {'TFLOPs':>7} {'x main':>6} {'x best sdpa':>11} "
+                  f"{'dq diff':>8} {'dkv diff':>8}", flush=True)
+            tm = times["main"].median_ms
+            for n in bw:
+                t = times[n].median_ms
+                ddq, dkv = grad_diffs(grads[n], ref)
+                flag = "  MISMATCH" if not n.startswith("sdpa") and max(ddq, dkv) > 2e-2 else ""
+                label = vs[n[5:]].name if n.startswith("sm90:") else fcfg.name if n == "fa2_bwd" else \
+                    cfg.name if n == "cf" else mb.name if n == "main" else n
+                print(f"{'bwd ' + case:<40} {n:<14} {t:8.4f} {flops / t / 1e9:7.1f} {t / tm:6.3f} "
+                      f"{t / best_sdpa:11.3f} {ddq:8.1e} {dkv:8.1e}  x cf {t / times['cf'].median_ms:6.3f}{flag}",
+                      flush=True)
+                rows.append(dict(what="bwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
+                                 kernel=label, ms=t, samples=list(times[n].samples), tflops=flops / t / 1e9,
+                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, dq_diff=ddq, dkv_diff=dkv,
+                                 x_cf=t / times["cf"].median_ms))
+            kernels_of("bwd", bw, cell)
+            del bw, grads
         # forward alone
         if not args.no_fwd:
             fw = {"cf": lambda: cuflash.flash_attn_func(q, k, v, causal=causal),
@@ -329,10 +385,12 @@ def main():
                 label = fvs[n[5:]].name if n.startswith("sm90:") else fwd_cfg.name if n == "cf" else \
                     mf.name if n == "main" else n
                 print(f"{'fwd ' + case:<40} {n:<14} {t:8.4f} {fflops / t / 1e9:7.1f} {t / tm:6.3f} "
-                      f"{t / best_sdpa:11.3f} {diff:8.1e}  {label}", flush=True)
+                      f"{t / best_sdpa:11.3f} {diff:8.1e}  x cf {t / times['cf'].median_ms:6.3f}  {label}",
+                      flush=True)
                 rows.append(dict(what="fwd", dtype=dtype, causal=causal, batch=b, seqlen=s, heads=h, hdim=d, peer=n,
                                  kernel=label, ms=t, samples=list(times[n].samples), tflops=fflops / t / 1e9,
-                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, out_diff=diff))
+                                 x_main=t / tm, x_best_sdpa=t / best_sdpa, out_diff=diff,
+                                 x_cf=t / times["cf"].median_ms))
             with torch.no_grad():
                 kernels_of("fwd", fw, cell)
             del fw, outs
@@ -351,6 +409,8 @@ def main():
                   "main_slices": lambda: cuflash.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2],
                                                                  causal=causal, config=mf, bwd_config=mb),
                   "sdpa_packed": sdpa_packed}
+            if (mf, mb) != (fwd_cfg, cfg):   # the packed route with main's kernels (session 31's start)
+                pk["main_packed"] = lambda: flash_attn_qkvpacked_func(qkv, causal=causal, config=mf, bwd_config=mb)
             nf, nb = fvs.get("bal", fwd_cfg), vs.get("w16", cfg)
             if (nf, nb) != (fwd_cfg, cfg):   # the packed route with the candidate kernels (bal, w16)
                 pk["cf_packed_new"] = lambda: flash_attn_qkvpacked_func(qkv, causal=causal, config=nf, bwd_config=nb)

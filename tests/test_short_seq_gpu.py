@@ -5,7 +5,9 @@
   causal or not, bf16 and fp16; a GQA call (the kernel's run-time check keeps the 4-byte stores) and a real
   head dim below 64 (40: the lanes' 8-column groups past it not stored);
 * sm90_fwd's head-dim-64 tile with the K/V block widths of short keys (SHORT_BNS: BN 112 .. 176 beside the
-  default 192), on the same lengths.
+  default 192), on the same lengths;
+* the default route's head-dim-64 forward (session 31's short-call schedule: tma_store, causal BN 128 + q_double)
+  on those lengths, GPT-2's 128 .. 1024 and calls with more Q tiles than SMs.
 
 The 3x gradient rule / 2x output rule against float64 (test_flash_bwd_gpu.check_grads, test_flash_fwd_gpu.
 check_forward), outputs poisoned (NaN) before each launch, fresh random inputs.
@@ -31,6 +33,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
 SEQLENS = [(1, 1), (17, 17), (113, 113), (197, 197), (257, 257), (113, 301), (301, 113)]
 SHORT_BNS = (112, 128, 144, 160, 176)
+GPT_SEQLENS = [(128, 128), (256, 256), (512, 512), (1024, 1024)]
+MANY_TILES = [(24, 197, 197), (8, 1024, 1024)]   # (batch, seqlen_q, seqlen_k) at 12 heads: 576 / 768 Q tiles of 128
 BWD = registry.get("sm90_bwd")
 FWD = registry.get("sm90_fwd")
 
@@ -95,9 +99,27 @@ def test_forward_short_bn(dtype, causal, bn):
         check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(64), f"{cfg.name} {sq}x{sk}: ")
 
 
-def configs():
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_short_default(dtype, causal):
+    """The default route's head-dim-64 forward (the heuristic's short-call schedule, session 31) on odd lengths,
+    GPT-2's 128..1024, calls with more tiles than SMs (the persistent CTAs' tile-to-tile hand-over) and a real head
+    dim of 40 (the d64 kernel: O's TMA store clipped at the row's end)."""
+    _cc()
+    cases = [(3, *s, 64) for s in SEQLENS + GPT_SEQLENS] + [(*c, 64) for c in MANY_TILES]
+    cases += [(3, 197, 197, 40), (3, 300, 300, 40)]
+    for i, (b, sq, sk, d) in enumerate(cases):
+        h, hk = (12, 12) if b > 3 else list(HEADS.values())[i % 3]
+        p = Problem("fwd", dtype, b, sq, sk, h, hk, d, causal)
+        q, k, v = fwd_inputs(p)
+        out, lse, _ = cuflash.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        check_forward(out, lse, q, k, v, causal, 1 / math.sqrt(d), f"default {dtype} {b}x{sq}x{sk} d{d}: ")
+
+
+def configs(forward_bns=True):
     """Every kernel the tests above run (for cuflash.compile.precompile), with the forwards of the backward
-    tests' calls and the backwards without wide_epi (tests/short_seq_sanitize.py's references)."""
+    tests' calls and the backwards without wide_epi (tests/short_seq_sanitize.py's references); forward_bns=False
+    (--default-only): without test_forward_short_bn's."""
     from cuflash import _gpu, select
 
     out = []
@@ -105,10 +127,13 @@ def configs():
         for causal in (False, True):
             for s in SEQLENS:
                 p = problem(dtype, causal, 64, s, batch=3)
-                out += [wide_d64(p), wide_d64(p).replace(wide_epi=False), select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(),
-                                                   _gpu.max_smem())[1]]
-                for bn in SHORT_BNS:
+                out += [wide_d64(p), wide_d64(p).replace(wide_epi=False),
+                        select.choose(p.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]]
+                for bn in SHORT_BNS if forward_bns else ():
                     out.append(fwd_bn(p.replace(op="fwd"), bn))
+            for b, sq, sk in [(3, *s) for s in GPT_SEQLENS] + MANY_TILES:
+                pf = Problem("fwd", dtype, b, sq, sk, 12, 12, 64, causal)
+                out.append(select.choose(pf, _gpu.arch(), _gpu.name(), _gpu.max_smem())[1])
     for hdim, heads in ((64, "gqa"), (40, "mha")):
         out.append(wide_d64(problem("bf16", False, hdim, (197, 197), heads, batch=3)))
     out.append(wide_d64(Problem("bwd", "bf16", 24, 197, 197, 12, 12, 64, False)))
@@ -118,6 +143,6 @@ def configs():
 if __name__ == "__main__" and "--precompile" in sys.argv:
     from cuflash.compile import precompile
 
-    todo = configs()
+    todo = configs(forward_bns="--default-only" not in sys.argv)
     errors = [(c.name, e) for c, _, e in precompile(todo) if e]
     print(f"{len(todo)} kernels, {len(errors)} errors", errors[:3])

@@ -253,9 +253,11 @@ def test_head_dim_of_and_heuristic():
     # (non-causal from the 2048 bucket: HEURISTIC_NC's static persistent schedule, tests/test_sm90_fwdnc_cpu.py;
     # at 16k with stream_tail, HEURISTIC_STREAM_TAIL: tests/test_sm90_stream_tail_cpu.py)
     assert FAM.heuristic(problem(128, seqlen_k=16384)) == GOOD.replace(BN=176, persistent=True, stream_tail=True)
-    # d64: BN 192, but for up to SHORT_KEYS_MAX keys (non-causal) the width of the least padding (short_keys_bn)
+    # d64: BN 192, but for up to SHORT_KEYS_MAX keys (non-causal) the width of the least padding (short_keys_bn),
+    # and causal below the 2048 bucket BN 128 (SHORT_CAUSAL_FIELDS)
     assert FAM.heuristic(problem(64)).BN == 112 == sm90_fwd.short_keys_bn(200)
-    assert FAM.heuristic(problem(64, seqlen_k=800)).BN == 192 == FAM.heuristic(problem(64, causal=True)).BN
+    assert FAM.heuristic(problem(64, seqlen_k=800)).BN == 192
+    assert FAM.heuristic(problem(64, causal=True)).BN == 128 == sm90_fwd.SHORT_CAUSAL_FIELDS["BN"]
     assert FAM.heuristic(problem(192)).BN == 112
     assert FAM.heuristic(problem(96)) == GOOD.replace(head_dim=96, BN=176, **dyn)
     assert FAM.heuristic(problem(80).replace(features=("window", "alibi"))).BN == 128   # window_tiles
@@ -393,7 +395,8 @@ def test_family_imports_without_a_driver():
             "fromlist=['Problem']).Problem('fwd', 'bf16', 1, 64, 64, 1, 1, 64)).name)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN112_s2_c2_pp_persist_dyn"]   # (64 keys: short_keys_bn)
+    # (64 keys: short_keys_bn, static persistent with the TMA store: SHORT_KEYS_FIELDS)
+    assert out.stdout.split() == ["False", "sm90fwd_bf16_d64_full_BM128_BN112_s2_c2_pp_persist_tmao"]
 
 
 # ---------------------------------------------------------------------------------------

@@ -195,12 +195,13 @@ def test_tune_loop_with_a_fake_gpu(monkeypatch, tmp_path):
 
 def test_tune_every_family_of_every_op_by_default(monkeypatch, tmp_path):
     pytest.importorskip("optuna")
-    from cuflash.families import sm90_bwd
+    from cuflash.families import sm90_bwd, sm90_fwd
 
     # dq_first (sm90_bwd's heuristic at d 64 up to 2k keys) is outside the tuning space: such a
     # class gets no table entry (the heuristic serves it); this test wants one entry per family
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_DQ_FIRST", frozenset())
     monkeypatch.setattr(sm90_bwd, "HEURISTIC_WIDE_EPI", frozenset())   # (wide_epi likewise, session 20)
+    monkeypatch.setattr(sm90_fwd, "SHORT_CAUSAL_FIELDS", {})   # (q_double / tma_store at d64 causal 1k, session 31)
     made = fake_tuning(monkeypatch)
     lines = []
     args = ["--dtype", "fp16", "--hdim", "64,12", "--seqlen", "1000", "--causal", "true",

@@ -445,9 +445,17 @@ DQ_FIRST_MAX_SEQLEN_BY: dict = {(128, False, "fp16"): 4096}
 #   256 x 197 x 12 0.872 / 0.873, 256 x 128 x 12 0.858 / 0.856, 128 x 512 x 12 0.865 / 0.859, 64 x 577 x 16 0.899 /
 #   0.904, 8 x 2048 x 32 0.972 / 0.965, 2 x 8192 x 32 1.012 (B; r2 0.999 / 0.995); fp16 256 x 197 0.877 (B). Up to
 #   2048 queries only (WIDE_EPI_MAX_SEQLEN_BY): at 8k it measured no faster.
+#   Session 31 (sb2, GPT-2-style causal d64; one H200, the same script, x the heuristic without it, processes A / B;
+#   results/NVIDIA_H200/logs/session31_sb2/r1, r2): bf16 causal r1 32 x 512 x 12 0.885 / 0.884, 32 x 1024 x 12
+#   0.908 / 0.902 (32 x 256: 0.957 / 1.043 and 32 x 128, kernels of ~0.1 ms, host-noisy); r2 (as the default)
+#   128 x 256 x 12 0.853 / 0.853, 32 x 512 0.886 / 0.884, 32 x 1024 0.904 / 0.905, 16 x 1440 0.926 / 0.927,
+#   8 x 2048 0.938 / 0.940 (SDPA cuDNN 1.18-1.22x main's time): on for d64 causal, bf16 and fp16, up to 2048
+#   queries, as non-causal (longer causal calls unmeasured).
 HEURISTIC_WIDE_EPI: frozenset = frozenset({(128, False, "bf16"), (128, False, "fp16"), (128, True, "bf16"),
-                                           (256, True, "bf16"), (64, False, "bf16"), (64, False, "fp16")})
-WIDE_EPI_MAX_SEQLEN_BY: dict = {(64, False, "bf16"): 2048, (64, False, "fp16"): 2048}
+                                           (256, True, "bf16"), (64, False, "bf16"), (64, False, "fp16"),
+                                           (64, True, "bf16"), (64, True, "fp16")})
+WIDE_EPI_MAX_SEQLEN_BY: dict = {(64, False, "bf16"): 2048, (64, False, "fp16"): 2048, (64, True, "bf16"): 2048,
+                                (64, True, "fp16"): 2048}
 # * SOFTCAP_WIDE_EPI, (kernel head dim, causal, dtype): the classes whose softcap calls (softcap alone, MHA,
 #   fixed lengths, unordered) take wide_epi too. Measured (session 22, cap9, round 1: tests/softcap_bwd_timing.py,
 #   bf16 d128 batch 2 x 16 heads x 8k, softcap 30, x the plain call of the same process, 8 interleaved samples;

@@ -175,10 +175,32 @@ HEURISTIC_D64_MIN_BUCKET = 2048
 # results/NVIDIA_H200/logs/session30_sb1/r2): 64 x 197 x 12 heads 0.763 / 0.767 (BN 112; BN 128 0.790, 144 0.849,
 # 160 0.912, 176 0.971), 128 x 128 x 12 0.881 / 0.863 (BN 128), 32 x 512 x 12 BN 128 0.921 (BN 176 0.957 / 0.956),
 # 64 x 577 x 16 0.882 / 0.883 (BN 160; BN 128 0.889); fp16 64 x 197 0.763 (A). The non-persistent grid was
-# slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Causal calls and longer keys
-# keep BN 192 (unmeasured); select.choose_on_device caches short calls per seqlen_k (SHORT_EXACT).
+# slower (1.01-1.25x). cuDNN's forward stays faster there (0.69-0.86x of BN 192's time). Longer keys keep BN 192;
+# causal calls take SHORT_CAUSAL_FIELDS (below); select.choose_on_device caches short calls per seqlen_k (SHORT_EXACT).
 SHORT_KEYS_MAX = 768
 SHORT_KEYS_BNS = (112, 128, 144, 160, 176, 192)
+
+
+# The schedule of those short calls (session 31, sb2; issue 12), bf16 and fp16 alike: SHORT_KEYS_FIELDS on the
+# short-key tile of plain non-causal calls (with its BN, up to SHORT_KEYS_MAX keys), SHORT_CAUSAL_FIELDS on plain
+# causal calls below HEURISTIC_D64_MIN_BUCKET (the 2-consumer tile; BN 128 = BM: one diagonal block per Q tile, where
+# BN 192 crossed the diagonal with a partly empty block). Measured on one H200 (tests/short_seq_timing.py, forward
+# alone x main's tile in the same process, two processes A / B; results/NVIDIA_H200/logs/session31_sb2/r1, r2):
+# * non-causal: r1 (bf16, one field on the short-key tile), the TMA-store epilogue 256 x 197 x 12 0.911 / 0.911,
+#   256 x 128 x 12 0.808 / 0.807 (at 197 and 128 keys, A: no pingpong 0.926 and 0.972, static 0.977 and 0.954,
+#   q_double 1.02, tile_overlap 0.99 and 1.06, 4 stages 1.00, BM 64 1.45); r2 (tma_store as the default, static on
+#   top of it, x main): 256 x 197 x 12 0.909 -> static 0.862 / 0.861, fp16 0.910 -> 0.863 / 0.869, 256 x 128 x 12
+#   0.805 -> 0.788 / 0.790, 128 x 512 x 12 0.949 -> 0.894 / 0.893, 64 x 577 x 16 0.990 -> 0.950 / 0.953 (no pingpong
+#   instead, A: 0.866, 0.864, 0.805, 0.935, 0.940); SDPA cuDNN 0.899, 0.902, 0.693, 0.853, 0.979 (A) there. Static
+#   persistent, as HEURISTIC_NC's longer non-causal calls: equal tiles leave the dynamic scheduler no imbalance to fix.
+# * causal, BN 128 + q_double + tma_store: r1 (bf16 x BN 192) 32 x 512 x 12 0.793 / 0.792, 32 x 1024 x 12 0.845 /
+#   0.839 (at 512 and 1024, A: BN 128 alone 0.917 and 0.943, tma_store alone 0.934 and 0.982, q_double alone 1.05,
+#   BM 192 0.97 and 1.01, static 1.26 and 1.28); r2 (as the default, x main) 128 x 256 x 12 0.669 / 0.665, 32 x 512
+#   0.795 / 0.795, 32 x 1024 0.845 / 0.847, 16 x 1440 (the bucket's edge) 0.890 / 0.890; without q_double 1.00-1.03x,
+#   without tma_store 1.09-1.24x, no pingpong 0.99-1.02x, BN 192 1.07-1.34x the default; SDPA cuDNN 0.595, 0.751,
+#   0.819, 0.907 of main's time there.
+SHORT_KEYS_FIELDS: dict = dict(tma_store=True, dynamic=False)
+SHORT_CAUSAL_FIELDS: dict = dict(BN=128, q_double=True, tma_store=True)
 
 
 def short_keys_bn(seqlen_k: int) -> int:
@@ -1456,7 +1478,11 @@ class Sm90Forward(Family):
                 cfg = cfg.replace(q_double=True)
         if (d == 64 and dynamic and not problem.causal and not problem.features and not is_varlen(problem)
                 and problem.seqlen_k <= SHORT_KEYS_MAX and cfg.BM == 128 and cfg.consumers == 2):
-            cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k))   # (short keys: the least padding)
+            # (short keys: the least padding; static persistent, the TMA-store epilogue)
+            cfg = cfg.replace(BN=short_keys_bn(problem.seqlen_k), **SHORT_KEYS_FIELDS)
+        if (d == 64 and dynamic and problem.causal and not problem.features and not is_varlen(problem)
+                and problem.bucket < HEURISTIC_D64_MIN_BUCKET and cfg.BM == 128 and cfg.consumers == 2):
+            cfg = cfg.replace(**SHORT_CAUSAL_FIELDS)   # (short causal calls: BN = BM, two Q buffers, TMA store)
         if (dynamic and not problem.causal and not problem.features and d in HEURISTIC_NC
                 and problem.bucket >= HEURISTIC_NC_MIN_BUCKET):
             cfg = cfg.replace(**HEURISTIC_NC[d])   # static persistent (d256: without pingpong)
