@@ -957,8 +957,8 @@ class DecodeConfig(KernelConfig):
         elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
             out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
                        f"head_dim {self.head_dim} over {self.regs_cluster}")
-        if self.regs_page_table not in (0, 1):
-            out.append(f"regs_page_table must be 0 or 1, got {self.regs_page_table}")
+        if self.regs_page_table not in (0, 1, 2):
+            out.append(f"regs_page_table must be 0, 1 or 2, got {self.regs_page_table}")
         elif self.regs_page_table and not self.regs:
             out.append("regs_page_table: an option of the regs kernel (regs)")
         if self.pdl not in PDL_VALUES:
@@ -1204,7 +1204,7 @@ RULE_SET = {
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
     "regs_ahead_l1": lambda v: v in (0, 1),
     "regs_order": lambda v: v in REGS_ORDER_VALUES,
-    "regs_page_table": lambda v: v in (0, 1),
+    "regs_page_table": lambda v: v in (0, 1, 2),
     "pdl": lambda v: v in PDL_VALUES,
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
@@ -1464,6 +1464,11 @@ class DecodeSplitKV(Family):
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
+        if getattr(config, "regs_page_table", 0) == 2 and page_size and problem.seqlen_k // page_size > REGS_PAGE_IDS:
+            if not chosen:
+                raise ValueError(f"block_table: the config's regs_page_table 2 stages the whole table row, at most "
+                                 f"{REGS_PAGE_IDS} pages, got {problem.seqlen_k // page_size}")
+            config = config.replace(regs_page_table=1)
         if getattr(config, "regs_page_shift", 0) and page_size & (page_size - 1):
             if not chosen:
                 raise ValueError(f"k_cache: the config's regs_page_shift needs a page_block_size (k_cache.shape[1]) "
