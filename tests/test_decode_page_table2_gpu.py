@@ -12,7 +12,7 @@ window with softcap and ALiBi; CUDA-graph replays at new lengths against eager c
 import numpy as np
 import pytest
 
-from cuflash import decode
+from cuflash import decode, select
 from cuflash.families import decode_splitkv as fam_mod
 
 from test_decode_gpu import make_case, replays_match_eager
@@ -41,6 +41,7 @@ CASES = [
 
 
 def _table2(monkeypatch, order, shift):
+    monkeypatch.setattr(select, "device_rules", lambda family, *a, **k: [])   # the module's switches, not a GPU's table
     monkeypatch.setattr(fam_mod, "REGS_DEFAULT", 1)
     monkeypatch.setattr(fam_mod, "REGS_BATCH1_HINT", ())
     monkeypatch.setattr(fam_mod, "REGS_HEAD_DIM_DEFAULT", (64, 128))

@@ -1483,7 +1483,7 @@ class DecodeSplitKV(Family):
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
         if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
             regs_tma = False
-        if (chosen and heuristic and getattr(config, "regs_page_table", 0) and not config.regs_prefetch
+        if (chosen and heuristic and getattr(config, "regs_page_table", 0) == 1 and not config.regs_prefetch
                 and page_size >= TMA_PAGED_MAX_PAGE and not REGS_PAGE_TABLE_DEFAULT):
             config = config.replace(regs_page_table=0)   # the table alone: small pages only (REGS_SHAPE_RULES)
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
