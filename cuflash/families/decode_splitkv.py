@@ -433,6 +433,13 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # power-of-two page's index by a shift; call_config drops it at other page sizes): r4, two processes, us, with / without
 # / users' call before, contiguous: page 16 12.71, 12.49 / 12.96, 12.82 / 13.22, 12.62; page 256 12.53, 12.31 / 12.57,
 # 12.41 / 12.62, 12.62; contiguous 11.27, 11.06 (1.127-1.130x and 1.111-1.113x; the H100 is not measured).
+# dec28 (session 31, results/NVIDIA_H200/logs/session31_dec28): the sm_90a SASS gives the paged kernel's global page-id
+# reads the K/V loads' scoreboard (no DEPBAR counts), so each block's id read waited for the block issued before it and
+# the next block's math for the id read. regs_page_table 2 (the whole table row staged, every id from shared memory;
+# rpt 1's global fallback for ids outside the slice kept that wait) won at both pages, r1, two processes, us, against the
+# users' call (regs_page_table 0 on the H200), contiguous 11.12, 11.27: page 16 12.07, 12.22 against 12.55, 12.70 (1.085x,
+# 1.084x); page 256 12.05, 12.13 against 12.34, 12.48 (1.083x, 1.076x). The H200's table takes it as a device rule (its
+# paged rule turns regs_page_table off; the H100 is not measured, so this entry stays).
 REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
                                           "regs_page_shift": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
@@ -738,6 +745,10 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
+    regs_page_table: (regs, paged caches; 0 none) the page ids a CTA reads staged in shared memory (kPageTable): 1 a
+              table row of at most REGS_PAGE_IDS pages whole, a longer row's split slice (ids outside it read from
+              block_table); 2 the whole row always, every id from shared memory (rows of at most REGS_PAGE_IDS
+              pages: call_config falls back to 1 for a chosen config, raises naming block_table for a given one)
     regs_page_shift: (regs, paged caches of a power-of-two page size; 0 none) a position's page index by a shift
               instead of a division by the page size (kPageShift)
     regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
