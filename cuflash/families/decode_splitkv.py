@@ -439,7 +439,8 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # rpt 1's global fallback for ids outside the slice kept that wait) won at both pages, r1, two processes, us, against the
 # users' call (regs_page_table 0 on the H200), contiguous 11.12, 11.27: page 16 12.07, 12.22 against 12.55, 12.70 (1.085x,
 # 1.084x); page 256 12.05, 12.13 against 12.34, 12.48 (1.083x, 1.076x). The H200's table takes it as a device rule (its
-# paged rule turns regs_page_table off; the H100 is not measured, so this entry stays).
+# paged rule turns regs_page_table off; the H100 is not measured, so this entry stays); r2, users' calls: 1.068-1.080x
+# at 1 x 8k, 1.057-1.071x at 1 x 4k. It loses at 1 x 32k and 8 x 8k (r3: 0.2-3.2 us), so the rule stops at 8k keys.
 REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
                                           "regs_page_shift": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
