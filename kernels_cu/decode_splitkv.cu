@@ -1681,6 +1681,10 @@ __device__ __forceinline__ void cluster_merge(const DecodeParams& p, const float
 //              read from block_table as without). With kEarlyPrefetch, as soon as the ids are staged
 //              each warp prefetches into L1 the rows of the kEarlyBlocks blocks after the two its
 //              registers load first (the contiguous prefetch's deeper start, for pages; any kOrder)
+//              2: as 1, the whole row staged always (the host checks that it fits kPageIds): every page id
+//              comes from shared memory. Where an id may come from a global read, the block's loads wait
+//              on it, and ptxas gives that read the K/V loads' scoreboard: so the K/V loads issued before
+//              it are waited for too (sm_90a SASS, session 31)
 //   kPdl       (sm_90; 0: none) launched as a programmatic dependent of the stream's previous kernel
 //              (cuflash.launch): the CTA may start while that kernel still runs, so every thread waits for
 //              it (grid_dependency_wait) before its first global read or write; before the wait only index
@@ -1722,7 +1726,7 @@ decode_splitkv_regs(const DecodeParams p) {
     static_assert(kEarlyBlocks >= 1 && kEarlyBlocks <= 3, "kEarlyBlocks: 1, 2 or 3");
     static_assert(kCluster == 0 || (!kFusedCombine && kCluster >= 2 && kCluster <= 16 && kHeadDim % (4 * kCluster) == 0),
                   "kCluster: 2..16 CTAs, each merging whole 4-column groups, without the fused combine");
-    static_assert(kPageTable == 0 || kPageTable == 1, "kPageTable: 0 (none) or 1");
+    static_assert(kPageTable >= 0 && kPageTable <= 2, "kPageTable: 0 (none), 1 or 2");
     static_assert(kPdl >= 0 && kPdl <= 3, "kPdl: 0 (none), 1, 2 or 3");
     static_assert(kStaged >= 0 && kStaged <= 4 && (kStaged == 0 || (kAhead == 0 && kOrder != 2 && kCluster == 0)),
                   "kStaged: 0 (none) or 1..4 blocks, without kAhead, kOrder 2 or kCluster");
@@ -1917,7 +1921,7 @@ decode_splitkv_regs(const DecodeParams p) {
     auto page_index = [&](int pos) { return kPageShift ? pos >> page_shift : pos / p.page_size; };
     // kPageTable: a block table row of at most kPageIds pages, read whole before cache_seqlens
     int row_ids[kIdsPerThread];
-    const bool whole_table = kPageTable && p.block_table && p.block_table_stride <= kPageIds;
+    const bool whole_table = kPageTable && p.block_table && (kPageTable == 2 || p.block_table_stride <= kPageIds);
     if constexpr (kPageTable > 0) {
         if (whole_table) {
             const int* row = p.block_table + b * p.block_table_stride;
@@ -2027,7 +2031,8 @@ decode_splitkv_regs(const DecodeParams p) {
     }
     // block_table[b][x], staged (kPageTable) or from global memory
     auto page_id = [&](const int* table_row, int x) {
-        if constexpr (kPageTable > 0) {
+        if constexpr (kPageTable == 2) return page_ids[min(x, kPageIds - 1)];   // the whole row (ids_lo 0)
+        if constexpr (kPageTable == 1) {
             if (static_cast<unsigned>(x - ids_lo) < static_cast<unsigned>(ids_n)) return page_ids[x - ids_lo];
         }
         return table_row[x];

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_b1_timing as b1  # noqa: E402  (checked graphs, shuffled rounds)
 import decode_tma_timing as dt  # noqa: E402  (graphs, replay timing, SDPA impls)
 
-CELLS = {"1x8k": (1, 8192), "1x16k": (1, 16384), "1x32k": (1, 32768), "1x64k": (1, 65536), "1x128k": (1, 131072),
+CELLS = {"1x4k": (1, 4096), "1x8k": (1, 8192), "1x16k": (1, 16384), "1x32k": (1, 32768), "1x64k": (1, 65536), "1x128k": (1, 131072),
          "2x32k": (2, 32768), "4x16k": (4, 16384), "8x8k": (8, 8192), "8x32k": (8, 32768), "8x128k": (8, 131072),
          "16x8k": (16, 8192), "32x8k": (32, 8192), "32x32k": (32, 32768), "64x8k": (64, 8192)}
 PAGES = (16, 256)

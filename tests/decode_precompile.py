@@ -18,7 +18,7 @@ their kernels on disk):
   * tests/test_decode_page_shift_gpu.py and tests/decode_page_shift_sanitize.py: regs_page_shift.
 
     CUPY_CACHE_DIR=/tmp/cupy_cache python tests/decode_precompile.py [--processes 16] [--list]
-        [--only page_shift_tests,shipped_b1,spec_tests,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
+        [--only page_table2_tests,page_table2_b1,page_shift_tests,shipped_b1,spec_tests,staged_tests,pair_tests,pdl_tests,shape_tests,page_table_tests,cluster_tests,regs_tests,stream_tests,claims_tests,ringfill_tests,core_tests,host_tests,timing,bulk_tests,resident_tests,tma_tests,bandwidth_tests,sanitize,latency_tests] [--propose 'NAME=VALUE ...' (as the timing)]
 """
 import os
 import sys
@@ -460,7 +460,36 @@ def page_shift_test_configs():
             + list(san.CONFIGS))
 
 
-GROUPS = {"page_shift_tests": page_shift_test_configs, "shipped_b1": shipped_b1_configs, "spec_tests": spec_test_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
+def page_table2_test_configs():
+    """tests/test_decode_page_table2_gpu.py (REGS_PAGE_TABLE_DEFAULT 2 with REGS_PAGE_SHIFT_DEFAULT 1 / 0 at
+    REGS_ORDER_DEFAULT 0, 1) and tests/decode_page_table2_sanitize.py."""
+    import decode_page_table2_sanitize as san
+    import test_decode_page_table2_gpu as t
+
+    def cfg(case, order, shift):
+        b, sq, lens, h, hk, d, dtype, page, extra, kw = case
+        return _heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page,
+                          REGS_DEFAULT=1, REGS_HEAD_DIM_DEFAULT=(64, 128), REGS_BATCH1_HINT=(), REGS_SHAPE_RULES=(),
+                          REGS_PAGED_TMA_MAX_KEYS=0, REGS_PAGE_SHIFT_DEFAULT=shift, REGS_ORDER_DEFAULT=order,
+                          REGS_PAGE_TABLE_DEFAULT=2)
+
+    graphs = [(b, 1, [cap], 32, 8, 128, "bf16", pg, {}, {}) for b, cap in ((1, 8192), (3, 20000)) for pg in (16, 256)]
+    return ([cfg(c, o, s) for c in t.CASES for o in (0, 1) for s in (1, 0)] + [cfg(c, 0, 1) for c in graphs]
+            + list(san.CONFIGS) + page_table2_b1_configs())
+
+
+def page_table2_b1_configs():
+    """tests/test_decode_staged_gpu.py -k batch1_paged_rule on the H200 (its table's paged batch-1 rule:
+    regs_page_table 2) and tests/decode_page_table2_sanitize.py --quick."""
+    import decode_page_table2_sanitize as san
+    import test_decode_staged_gpu as st
+
+    return [_heuristic(_problem(b, sq, max(lens) + extra.get("seqlen_new", 0), h, hk, d, dtype, page), page,
+                       REGS_PAGE_TABLE_DEFAULT=2)
+            for b, sq, lens, h, hk, d, dtype, page, extra, kw in st.B1_PAGED_CASES] + list(san.CONFIGS[:1])
+
+
+GROUPS = {"page_table2_tests": page_table2_test_configs, "page_table2_b1": page_table2_b1_configs, "page_shift_tests": page_shift_test_configs, "shipped_b1": shipped_b1_configs, "spec_tests": spec_test_configs, "staged_tests": staged_test_configs, "pair_tests": pair_test_configs, "pdl_tests": pdl_test_configs, "shape_tests": shape_test_configs, "page_table_tests": page_table_test_configs, "cluster_tests": cluster_test_configs, "regs_tests": regs_test_configs, "stream_tests": stream_test_configs, "claims_tests": claims_test_configs, "ringfill_tests": ringfill_test_configs, "core_tests": core_test_configs, "host_tests": host_test_configs, "timing": timing_configs, "bulk_tests": bulk_test_configs, "resident_tests": resident_test_configs, "tma_tests": tma_test_configs,
           "bandwidth_tests": bandwidth_test_configs, "sanitize": sanitize_configs,
           "latency_tests": latency_test_configs}
 

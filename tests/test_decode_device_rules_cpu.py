@@ -147,7 +147,7 @@ def test_shipped_h200_paged_rule(monkeypatch):
     prefetch, measured faster on the H100 only) off for paged caches: its paged calls get what they
     got without those rules; contiguous caches keep the shape rules, and the H100 keeps all of them."""
     select.clear_cache()
-    shapes = ((1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 8192))
+    shapes = ((1, 16384), (1, 32768), (8, 8192), (8, 32768), (32, 8192))   # 1 x 8k: test_shipped_h200_paged_batch1_rule
 
     def choose(b, ctx, paged, gpu):
         return select.choose(_p(b, ctx, paged), CC, gpu, SMEM, family="decode_splitkv")[1]
@@ -162,6 +162,34 @@ def test_shipped_h200_paged_rule(monkeypatch):
         if s != (32, 8192):   # contiguous 32 x 8k: the H200's 4-warp rule (test_shipped_h200_batch_rules)
             assert h200[s][1] == choose(*s, False, H100), s
         assert not h200[s][0].regs_page_table and not h200[s][0].regs_prefetch, s
+
+
+def test_shipped_h200_paged_batch1_rule():
+    """The H200's paged batch-1 rule (session 31, dec28, issue 13): one batch row of at most 8192 keys in pages stages
+    the whole table row (regs_page_table 2) on the paged batch-1 config, at pages 16 and 256 (call_config keeps it at
+    large pages, where the table alone (1) is dropped); 16k keys, batch 2, contiguous caches and the H100 are untouched,
+    and a row of more than REGS_PAGE_IDS pages (a given config raises naming block_table) falls back to 1."""
+    select.clear_cache()
+
+    def choose(b, ctx, paged, gpu):
+        return select.choose(_p(b, ctx, paged), CC, gpu, SMEM, family="decode_splitkv")[1]
+
+    for ctx in (8192, 4096, 1):
+        cfg = choose(1, ctx, True, H200)
+        assert cfg.regs_page_table == 2 and not cfg.regs_prefetch, (ctx, cfg.name)
+        assert cfg.replace(regs_page_table=0) == choose(1, ctx, True, H100).replace(regs_page_table=0), (ctx, cfg.name)
+        for page in (16, 256):
+            got = FAM.call_config(cfg, _p(1, ctx, True), CC, page, chosen=True, heuristic=True)
+            assert got.regs and got.regs_page_table == 2, (ctx, page, got.name)
+    for b, ctx in ((1, 16384), (2, 8192)):
+        assert not choose(b, ctx, True, H200).regs_page_table, (b, ctx)
+    assert choose(1, 8192, False, H200) == choose(1, 8192, False, H100)
+    assert choose(1, 8192, True, H100).regs_page_table != 2
+    cfg = choose(1, 8192, True, H200)
+    big = _p(1, 16 * (mod.REGS_PAGE_IDS + 1), True)
+    assert FAM.call_config(cfg, big, CC, 16, chosen=True, heuristic=True).regs_page_table == 1
+    with pytest.raises(ValueError, match="block_table"):
+        FAM.call_config(cfg, big, CC, 16, chosen=False)
 
 
 def test_shipped_h200_batch_rules():

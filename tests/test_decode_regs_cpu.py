@@ -126,7 +126,8 @@ def test_page_table_config(monkeypatch):
     assert pt.smem_bytes == REGS.smem_bytes + 4 * mod.REGS_PAGE_IDS
     src = (kernel_dir() / "decode_splitkv.cu").read_text()
     assert f"constexpr int kPageIds = {mod.REGS_PAGE_IDS};" in src
-    assert any("regs_page_table must be 0 or 1" in x for x in REGS.replace(regs_page_table=2).problems(232448))
+    assert any("regs_page_table must be 0, 1 or 2" in x for x in REGS.replace(regs_page_table=3).problems(232448))
+    assert not REGS.replace(regs_page_table=2).problems(232448)
     assert any("regs_page_table: an option of the regs kernel" in x for x in BASE.replace(regs_page_table=1).problems(232448))
     assert FAM.decode(FAM.encode(pt), "bf16", False) == pt
     paged = P.replace(features=("paged_kv",))

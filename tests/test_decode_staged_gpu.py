@@ -217,3 +217,5 @@ def test_batch1_paged_rule(monkeypatch, case, splits):
     _shipped(monkeypatch)
     check_case(case, splits)
     _ran_shipped()
+    if __import__("test_decode_gpu")._torch().cuda.get_device_name() == "NVIDIA H200":   # its table's batch-1 rule
+        assert all(e.plan.config.regs_page_table == 2 for e in decode._gpu_plans.values() if e.plan is not None)

@@ -433,6 +433,14 @@ REGS_BATCH1_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False
 # power-of-two page's index by a shift; call_config drops it at other page sizes): r4, two processes, us, with / without
 # / users' call before, contiguous: page 16 12.71, 12.49 / 12.96, 12.82 / 13.22, 12.62; page 256 12.53, 12.31 / 12.57,
 # 12.41 / 12.62, 12.62; contiguous 11.27, 11.06 (1.127-1.130x and 1.111-1.113x; the H100 is not measured).
+# dec28 (session 31, results/NVIDIA_H200/logs/session31_dec28): the sm_90a SASS gives the paged kernel's global page-id
+# reads the K/V loads' scoreboard (no DEPBAR counts), so each block's id read waited for the block issued before it and
+# the next block's math for the id read. regs_page_table 2 (the whole table row staged, every id from shared memory;
+# rpt 1's global fallback for ids outside the slice kept that wait) won at both pages, r1, two processes, us, against the
+# users' call (regs_page_table 0 on the H200), contiguous 11.12, 11.27: page 16 12.07, 12.22 against 12.55, 12.70 (1.085x,
+# 1.084x); page 256 12.05, 12.13 against 12.34, 12.48 (1.083x, 1.076x). The H200's table takes it as a device rule (its
+# paged rule turns regs_page_table off; the H100 is not measured, so this entry stays); r2, users' calls: 1.068-1.080x
+# at 1 x 8k, 1.057-1.071x at 1 x 4k. It loses at 1 x 32k and 8 x 8k (r3: 0.2-3.2 us), so the rule stops at 8k keys.
 REGS_BATCH1_PAGED_RULES: tuple = ((8192, {"fused_combine": False, "light_fence": False, "early_merge": True, "pdl": 1,
                                           "regs_page_shift": 1}),)
 # The batch-1 load hint (regs_options, REGS_BATCH1): a call of one batch row, contiguous or paged, whose
@@ -738,6 +746,10 @@ class DecodeConfig(KernelConfig):
               that many K/V blocks in its shared memory, all requested at the start, and are read back into the
               register sets (kStaged; contiguous caches, the plain loop for paged ones). No regs_ahead,
               regs_order 2 or regs_cluster
+    regs_page_table: (regs, paged caches; 0 none) the page ids a CTA reads staged in shared memory (kPageTable): 1 a
+              table row of at most REGS_PAGE_IDS pages whole, a longer row's split slice (ids outside it read from
+              block_table); 2 the whole row always, every id from shared memory (rows of at most REGS_PAGE_IDS
+              pages: call_config falls back to 1 for a chosen config, raises naming block_table for a given one)
     regs_page_shift: (regs, paged caches of a power-of-two page size; 0 none) a position's page index by a shift
               instead of a division by the page size (kPageShift)
     regs_spec: (regs, regs_order 2; 0 none) regs_order 2's early loads of the split's first block, then Q's, are
@@ -957,8 +969,8 @@ class DecodeConfig(KernelConfig):
         elif self.regs_cluster and self.head_dim % (4 * self.regs_cluster):
             out.append(f"regs_cluster: each CTA merges head_dim / regs_cluster columns, a multiple of 4; got "
                        f"head_dim {self.head_dim} over {self.regs_cluster}")
-        if self.regs_page_table not in (0, 1):
-            out.append(f"regs_page_table must be 0 or 1, got {self.regs_page_table}")
+        if self.regs_page_table not in (0, 1, 2):
+            out.append(f"regs_page_table must be 0, 1 or 2, got {self.regs_page_table}")
         elif self.regs_page_table and not self.regs:
             out.append("regs_page_table: an option of the regs kernel (regs)")
         if self.pdl not in PDL_VALUES:
@@ -1204,7 +1216,7 @@ RULE_SET = {
     "regs_ahead": lambda v: v in REGS_AHEAD_VALUES,
     "regs_ahead_l1": lambda v: v in (0, 1),
     "regs_order": lambda v: v in REGS_ORDER_VALUES,
-    "regs_page_table": lambda v: v in (0, 1),
+    "regs_page_table": lambda v: v in (0, 1, 2),
     "pdl": lambda v: v in PDL_VALUES,
     "split_cost": lambda v: v >= 0,
     "splits": lambda v: 0 <= v <= MAX_SPLITS,
@@ -1464,6 +1476,11 @@ class DecodeSplitKV(Family):
                                     early_merge=config.early_merge and config.fused_combine)
             if getattr(config, "regs_cluster", 0):
                 config = self.without_cluster(config)
+        if getattr(config, "regs_page_table", 0) == 2 and page_size and problem.seqlen_k // page_size > REGS_PAGE_IDS:
+            if not chosen:
+                raise ValueError(f"block_table: the config's regs_page_table 2 stages the whole table row, at most "
+                                 f"{REGS_PAGE_IDS} pages, got {problem.seqlen_k // page_size}")
+            config = config.replace(regs_page_table=1)
         if getattr(config, "regs_page_shift", 0) and page_size & (page_size - 1):
             if not chosen:
                 raise ValueError(f"k_cache: the config's regs_page_shift needs a page_block_size (k_cache.shape[1]) "
@@ -1478,7 +1495,7 @@ class DecodeSplitKV(Family):
         regs_tma = 0 < page_size < TMA_PAGED_MAX_PAGE and keys <= REGS_PAGED_TMA_MAX_KEYS   # see REGS_PAGED_TMA_MAX_KEYS
         if regs_tma and batch1_hint(problem):   # the batch-1 hint's calls stay on the regs kernel (see REGS_BATCH1_HINT)
             regs_tma = False
-        if (chosen and heuristic and getattr(config, "regs_page_table", 0) and not config.regs_prefetch
+        if (chosen and heuristic and getattr(config, "regs_page_table", 0) == 1 and not config.regs_prefetch
                 and page_size >= TMA_PAGED_MAX_PAGE and not REGS_PAGE_TABLE_DEFAULT):
             config = config.replace(regs_page_table=0)   # the table alone: small pages only (REGS_SHAPE_RULES)
         if (chosen and heuristic and not config.tma and not config.page_prefetch and not config.stream
