@@ -475,6 +475,7 @@ SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 SOFTCAP_CAP_FOLD: dict = {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
+DQ_TAIL_THREADS = 512    # Sm90BwdDqTail::kThreads
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -695,6 +696,7 @@ class Sm90BwdConfig(KernelConfig):
     wide_epi: bool = False
     drop_packed: int = 0
     cap_fold: int = 0
+    dq_tail: bool = False
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -717,7 +719,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
                 f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
-                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}")
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}{'_dqt' if self.dq_tail else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -906,7 +908,8 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold
+                or self.dq_tail)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -920,7 +923,7 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        last = self.drop_packed or self.cap_fold
+        last = self.drop_packed or self.cap_fold or self.dq_tail
         later2 = (self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
                   or last)
         later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or last
@@ -933,7 +936,8 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or last else ""   # kDqFirst
         feats += f", {b(self.wide_epi)}" if self.wide_epi or last else ""                     # kWideEpi
         feats += f", {int(self.drop_packed)}" if last else ""                                 # kDropPacked
-        feats += f", {int(self.cap_fold)}" if self.cap_fold else ""                           # kCapFold last
+        feats += f", {int(self.cap_fold)}" if self.cap_fold or self.dq_tail else ""           # kCapFold
+        feats += f", {b(self.dq_tail)}" if self.dq_tail else ""                               # kDqTail last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -945,7 +949,8 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold))
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold),
+                self.dq_tail)
 
     def _problems(self) -> list[str]:
         out = []
@@ -1070,6 +1075,11 @@ class Sm90BwdConfig(KernelConfig):
                        "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
+        if self.dq_tail and (not self.dq_writer or not self.dynamic or self.dq_convert or self.deterministic
+                             or self.varlen or self.cluster):
+            out.append("dq_tail: the dQ convert as a programmatic dependent of the main kernel, with dq_writer on the "
+                       "dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen, cluster or "
+                       "dq_convert)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                               or self.BM % 64):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
@@ -1203,6 +1213,8 @@ class Sm90Backward(Family):
     # fa2_bwd's kernels (reused) take the BwdParams prefix of the same buffer
     kernel_param_decls = {"preprocess": "const cuflash::BwdParams", "convert_dq": "const cuflash::BwdParams",
                           "reduce_dkv": "const cuflash::BwdParams"}
+    # (dq_tail's convert, sm90_bwd_dq_tail, takes the whole struct: it reads the tile counters)
+    kernel_param_decls_by_kernel = {"cuflash::sm90_bwd_dq_tail": "const __grid_constant__ cuflash::Sm90BwdParams"}
     pointer_fields = FA2Backward.pointer_fields
     min_arch = (9, 0)
     arch_suffix = "a"
@@ -1436,6 +1448,9 @@ class Sm90Backward(Family):
         if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
+        if config.dq_tail and (problem.features not in ((), ("window",))
+                               or any("dq_tail" in w for w in config.problems())):
+            config = config.replace(dq_tail=False)     # a speed choice: plain (or windowed) calls, dynamic scheduler
         if config.cap_fold and any("cap_fold" in w for w in config.problems()):
             config = config.replace(cap_fold=0)        # the folded softcap step is built for softcap alone
         return with_drop_packed(config)
@@ -1455,7 +1470,7 @@ class Sm90Backward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
                                "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed",
-                               "cap_fold")
+                               "cap_fold", "dq_tail")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1468,7 +1483,7 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi")
+        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi", "dq_tail")
                if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
@@ -1580,9 +1595,12 @@ class Sm90Backward(Family):
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
         # dq_first: the preprocess without the accumulator's zeroing (kZeroDq false; never varlen)
         pre = f"cuflash::{config.dtype}, false, false" if config.dq_first else targs
+        # dq_tail: sm90_bwd_dq_tail in convert_dq's place (its dQ convert as the main kernel's dependent)
+        convert = (f"cuflash::sm90_bwd_dq_tail<cuflash::{config.dtype}, {config.BN}>" if config.dq_tail
+                   else f"cuflash::fa2_bwd_convert_dq<{targs}>")
         return {"main": config.kernel_name(),
                 "preprocess": f"cuflash::fa2_bwd_preprocess<{pre}>",
-                "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
+                "convert_dq": convert,
                 "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
@@ -1614,7 +1632,9 @@ class Sm90Backward(Family):
                # per SM (one fits an SM), at most one per tile, claiming tiles
                LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
                           config.smem_bytes)]
-        if not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
+        if config.dq_tail:   # one CTA an SM, a programmatic dependent of the main kernel (Sm90BwdDqTail)
+            out.append(LaunchSpec("convert_dq", (sm_count, 1, 1), DQ_TAIL_THREADS, pdl=True))
+        elif not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
             out.append(LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
                                   EPILOGUE_THREADS))
         if p.nheads != p.nheads_kv:
@@ -1642,6 +1662,8 @@ class Sm90Backward(Family):
         if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
             pairs, chunks, q = problem.batch * problem.nheads, -(-problem.seqlen_q // DQ_CONVERT_ROWS), DQ_CONVERT_QUEUES
             return {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}
+        if config.dq_tail:      # + the convert's ticket, its finished CTAs and the per-pair tile counts (Sm90BwdDqTail)
+            return {"tile_counter": 3 + problem.batch * problem.nheads}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
