@@ -238,7 +238,8 @@
 #include "ptx_sm90_bwd.cuh"
 #include "exp2_emu.cuh"
 #include "dropout_transposed.cuh"
-#include "ptx_decode.cuh"       // grid_dependency_wait, launch_dependents (kDqTail)
+// (ptx_decode.cuh: grid_dependency_wait, launch_dependents for kDqTail)
+#include "ptx_decode.cuh"
 
 namespace cuflash {
 

@@ -1,0 +1,75 @@
+"""Compile, in parallel worker processes, the kernels of sm90_bwd's dq_tail rounds (session 31, win5):
+tests/window_bwd_kernels_timing.py --variants heuristic,dqt (the window's and the plain call's backward with
+and without dq_tail, and their forwards), tests/features_overhead_timing.py --quick --mask both --features
+window --fwd-heuristic (its backward candidate bwd_dqt), and with --tests tests/test_bwd_dq_tail_gpu.py's.
+
+    timeout 90 python tests/dq_tail_precompile.py [--tests] [--no-timing]
+"""
+import os
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_here, os.path.dirname(_here)]
+
+
+def forward_of(bwd_problem):
+    """Selection's forward config of a backward Problem's call."""
+    from cuflash import _gpu, select
+
+    return select.choose(bwd_problem.replace(op="fwd"), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]
+
+
+def timing_configs():
+    import features_overhead_timing as feat
+    import window_bwd_kernels_timing as bwdk
+
+    out = []
+    for (mask, key), (causal, window, cfg) in bwdk.configs(("heuristic", "dqt")).items():
+        out += [cfg, forward_of(bwdk.problem(causal, window))]
+    return out + feat.all_configs(quick=True, mask="both", features=("window",), fwd_heuristic=True)
+
+
+def test_configs():
+    """tests/test_bwd_dq_tail_gpu.py's kernels: each case's backward (the forced config as for_problem
+    makes it for the call) and its forward."""
+    import test_bwd_dq_tail_gpu as t
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    fam = registry.get("sm90_bwd")
+    from test_features_gpu import HEADS as heads
+    out = []
+    for causal in (False, True):
+        for window in (True, False):
+            cfg = t.dq_tail_config(causal, window)
+            cases = []
+            if window:
+                for w in t.WINDOWS:
+                    if causal and w[0] < 0:
+                        continue
+                    cases += [((w[0], 0) if causal else w, s, 2) for s in t.SHAPES[:3]]
+                cases += [((1024, 0) if causal else (1024, 1024), s, 3) for s in t.SHAPES[3:]]
+            else:
+                cases = [(None, s, 2) for s in t.SHAPES]
+            for w, (sq, sk, hk), batch in cases:
+                h, hkv = heads[hk]
+                p = Problem("bwd", "bf16", batch, sq, sk, h, hkv, 128, causal)
+                if w is not None:
+                    p = p.replace(features=("window",), window=w)
+                b = fam.for_bounds(fam.for_problem(cfg, p), p)
+                out += [b, forward_of(p)]
+    return out
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    from cuflash.compile import precompile
+
+    cfgs = [] if "--no-timing" in sys.argv else timing_configs()
+    if "--tests" in sys.argv:
+        cfgs += test_configs()
+    cfgs = list(dict.fromkeys(cfgs))
+    print("\n".join(c.name for c in cfgs), flush=True)
+    failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
+    print(f"compiled {len(cfgs)} kernels in {time.time() - t0:.0f} s; failed: {failed}")
