@@ -30,8 +30,8 @@ def test_cap_fold_rules_and_names():
         cfg = FAM.for_problem(plain.replace(cap_fold=form), p)
         assert cfg.cap_fold == form and not cfg.problems(227 * 1024)
         assert cfg.name == plain.name + f"_cf{form}"
-        assert cfg.kernel_name().endswith(f", 0, {form}>") and cfg.template_args()[-1] == form
-        assert cfg.template_args()[:-1] == plain.template_args()[:-1]
+        assert cfg.kernel_name().endswith(f", 0, {form}>") and cfg.template_args()[-2] == form
+        assert cfg.template_args()[:-2] == plain.template_args()[:-2]
         assert FAM.decode(FAM.encode(cfg), "bf16", True).cap_fold == form   # (the feature flags: the call sets them)
         assert any("spills" in w for w in cfg.replace(wide_epi=False).problems(227 * 1024))
         for other in (dict(alibi=True), dict(dropout=True), dict(softcap=False)):

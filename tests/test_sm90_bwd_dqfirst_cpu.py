@@ -53,7 +53,7 @@ def test_field_name_template():
     assert cfg.dq_first and cfg.problems() == [] and cfg.name == base.name + "_dqf"
     # kDqFirst last: kRoles, kDqConvert written out before it; the other kernels keep their name expressions
     assert cfg.kernel_name() == base.kernel_name()[:-1] + ", false, false, true>"
-    assert len(cfg.template_args()) == 30 and cfg.template_args()[-4] is True   # (kWideEpi, kDropPacked, kCapFold last)
+    assert len(cfg.template_args()) == 31 and cfg.template_args()[-5] is True   # (kWideEpi, kDropPacked, kCapFold, kDqTail last)
     assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and "dq_first" not in FAM.encode(base)
     assert "dq_first" not in FAM.space                  # outside the tuning space
     assert FAM.make(FAM.point(cfg), p) == FAM.make(FAM.point(base), p)

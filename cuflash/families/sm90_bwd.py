@@ -207,6 +207,9 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
 WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
+# * WINDOW_DQ_TAIL: dq_tail (session 31: the dQ convert as a programmatic dependent of the dynamic main kernel,
+#   sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V tiles are done on the SMs the grid's end leaves idle).
+WINDOW_DQ_TAIL: frozenset = frozenset()
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -1581,6 +1584,10 @@ class Sm90Backward(Family):
         wdqc = cfg.replace(dq_convert=True)
         if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
             cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
+        wdqt = cfg.replace(dq_tail=True)
+        if (feats == ("window",) and (d, dtype) in WINDOW_DQ_TAIL and not det and not is_varlen(problem)
+                and not wdqt.problems()):
+            cfg = wdqt                                  # (for_problem drops it where the grid is not dynamic)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
