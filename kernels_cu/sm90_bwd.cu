@@ -668,8 +668,8 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
 
 // kDqTail (with kDqWriter on the dynamic scheduler): the dQ convert stays a kernel of its own,
 // sm90_bwd_dq_tail below, launched as a programmatic dependent of the main kernel (cuflash.launch:
-// LaunchSpec pdl), which lets it be scheduled as soon as every main CTA has started. Its CTAs (one
-// an SM: none fits beside a main CTA) take the SMs the dynamic scheduler leaves idle at the end of
+// LaunchSpec pdl), which lets it be scheduled as soon as every main CTA has started. Its CTAs (two
+// an SM; none fits beside a main CTA) take the SMs the dynamic scheduler leaves idle at the end of
 // the grid and convert every (head, batch) pair whose K/V tiles are all done while the last tiles
 // still run, instead of after the whole grid. The main kernel's writer warp counts each tile of a
 // pair once its bulk reduce-adds have completed (the words below, in the plan's zeroed int32 buffer
@@ -677,7 +677,7 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
 // pair, pair-major: the order in which the scheduler finishes them) by ticket and wait for their
 // pair's count. Its last CTA sets the words back to 0 for the next launch.
 struct Sm90BwdDqTail {
-    static constexpr int kThreads = 512;                    // (sm90_bwd_convert_dq_job's 8 items a thread)
+    static constexpr int kThreads = 256, kCtasPerSm = 2;    // (sm90_bwd_convert_dq_job's 8 items a thread)
     static constexpr int kTicket = 1, kFinished = 2, kPairCount0 = 3;   // p.tile_counter's words
 };
 
@@ -2229,12 +2229,14 @@ sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
 }
 
 // kDqTail's convert (Sm90BwdDqTail above): dQ = scale · accumulator, Sm90BwdDqQueue::kRows rows of one
-// (head, batch) pair a job, drawn by ticket in pair-major order; thread 0 waits for the pair's K/V
-// tiles (n_kv = ceil(seqlen_k / kBN) counts) before the CTA reads its rows, and draws the next
-// ticket ahead. Every CTA ends with grid_dependency_wait, so that the grid completes after the main
-// kernel: the stream's next kernels (GQA's reduce, the caller's) see dK, dV too.
+// (head, batch) pair a job, drawn by ticket in pair-major order, kCtasPerSm CTAs an SM (one's loads run
+// while another converts or waits). Thread 0 draws the next job's ticket as the CTA starts a job (the
+// atomic's round trip hidden by the job) and, once the job is done, waits for the next job's pair (its
+// n_kv = ceil(seqlen_k / kBN) K/V tiles counted) before the CTA's barrier: one barrier a job. Every CTA
+// ends with grid_dependency_wait, so that the grid completes after the main kernel: the stream's next
+// kernels (GQA's reduce, the caller's) see dK, dV too.
 template <class Elem, int kBN>
-__global__ void __launch_bounds__(Sm90BwdDqTail::kThreads, 1)
+__global__ void __launch_bounds__(Sm90BwdDqTail::kThreads, Sm90BwdDqTail::kCtasPerSm)
 sm90_bwd_dq_tail(const __grid_constant__ Sm90BwdParams p) {
     using T = Sm90BwdDqTail;
     __shared__ int job_s[2];
@@ -2244,23 +2246,32 @@ sm90_bwd_dq_tail(const __grid_constant__ Sm90BwdParams p) {
     const int n_jobs = n_pairs * jobs.n_chunks;
     const int tid = threadIdx.x;
     int seen_pair = -1;                                      // thread 0: the last pair found complete
-    if (tid == 0) job_s[0] = atomicAdd(c + T::kTicket, 1);
+    // thread 0: the pair of `job` complete (its sums final: acquire, then the CTA's barrier for the others)
+    auto wait_pair = [&](int job) {
+        const int pair = job / jobs.n_chunks;
+        if (job < n_jobs && pair != seen_pair) {
+            while (ld_acquire_gpu(c + T::kPairCount0 + pair) < n_kv) __nanosleep(256);
+            __threadfence();
+            seen_pair = pair;
+        }
+    };
+    if (tid == 0) {
+        job_s[0] = atomicAdd(c + T::kTicket, 1);
+        wait_pair(job_s[0]);
+    }
     __syncthreads();
-    // (job_s[k ^ 1] is written in the iteration that reads job_s[k], and read after its barrier)
+    // (job_s[k ^ 1] is written at the end of the iteration that reads job_s[k], before its barrier)
     for (int k = 0;; k ^= 1) {
         const int job = job_s[k];
         if (job >= n_jobs) break;
-        if (tid == 0) {
-            job_s[k ^ 1] = atomicAdd(c + T::kTicket, 1);
-            const int pair = job / jobs.n_chunks;
-            if (pair != seen_pair) {
-                while (ld_acquire_gpu(c + T::kPairCount0 + pair) < n_kv) __nanosleep(256);
-                __threadfence();
-                seen_pair = pair;
-            }
-        }
-        __syncthreads();                                     // the pair's sums final for every thread
+        int next = 0;
+        if (tid == 0) next = atomicAdd(c + T::kTicket, 1);
         sm90_bwd_convert_dq_job<Elem>(p, jobs, job, tid, T::kThreads);
+        if (tid == 0) {
+            job_s[k ^ 1] = next;
+            wait_pair(next);
+        }
+        __syncthreads();
     }
     if (tid == 0 && atomicAdd(c + T::kFinished, 1) == int(gridDim.x) - 1) {   // the grid's last: reset
         for (int i = 0; i < n_pairs; ++i) atomicExch(c + T::kPairCount0 + i, 0);

@@ -35,6 +35,7 @@ def test_configs():
     makes it for the call) and its forward."""
     import test_bwd_dq_tail_gpu as t
     from cuflash import registry
+    from cuflash.api import check_features
     from cuflash.problem import Problem
 
     fam = registry.get("sm90_bwd")
@@ -46,7 +47,7 @@ def test_configs():
             cases = []
             if window:
                 for w in t.WINDOWS:
-                    if causal and w[0] < 0:
+                    if (causal and w[0] < 0) or (not causal and w[1] == 0):
                         continue
                     cases += [((w[0], 0) if causal else w, s, 2) for s in t.SHAPES[:3]]
                 cases += [((1024, 0) if causal else (1024, 1024), s, 3) for s in t.SHAPES[3:]]
@@ -54,9 +55,10 @@ def test_configs():
                 cases = [(None, s, 2) for s in t.SHAPES]
             for w, (sq, sk, hk), batch in cases:
                 h, hkv = heads[hk]
-                p = Problem("bwd", "bf16", batch, sq, sk, h, hkv, 128, causal)
-                if w is not None:
-                    p = p.replace(features=("window",), window=w)
+                # the call's own normalization (a bound past every key dropped: maybe plain causal)
+                fa = check_features(None, window_size=w or (-1, -1), causal=causal, seqlens=(sq, sk))
+                p = Problem("bwd", "bf16", batch, sq, sk, h, hkv, 128, fa.causal, features=fa.features,
+                            window=fa.window_size)
                 b = fam.for_bounds(fam.for_problem(cfg, p), p)
                 out += [b, forward_of(p)]
     return out

@@ -4,7 +4,7 @@ idle) without a GPU: the config field, its name and template argument (appended 
 dynamic scheduler, fixed lengths, unordered, not with dq_convert), for_problem dropping it for other feature sets,
 the plan (the convert role's kernel, one CTA an SM, pdl; the counter words), the heuristic switch
 (WINDOW_DQ_TAIL), the constants the kernel repeats, and with nvcc both kernels compile clean (the convert at
-most 128 registers a thread: one CTA of 512 an SM).
+most 128 registers a thread: two CTAs of 256 an SM).
 """
 import os
 import shutil
@@ -50,7 +50,8 @@ def test_field_name_template():
     assert "dq_tail" not in FAM.space and not FAM.make(FAM.point(cfg), p).dq_tail   # (outside the space: off)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert "int kDropPacked = 0, int kCapFold = 0, bool kDqTail = false>" in src
-    assert f"static constexpr int kThreads = {sm90_bwd.DQ_TAIL_THREADS};" in src
+    assert (f"static constexpr int kThreads = {sm90_bwd.DQ_TAIL_THREADS}, kCtasPerSm = {sm90_bwd.DQ_TAIL_CTAS_PER_SM};"
+            in src)
 
 
 def test_rules_and_for_problem():
@@ -74,7 +75,7 @@ def test_plan():
     specs = FAM.launches(cfg, p, 132)
     assert [s.role for s in specs] == ["preprocess", "main", "convert_dq"]
     tail = specs[-1]
-    assert tail.grid == (132, 1, 1) and tail.threads == sm90_bwd.DQ_TAIL_THREADS and tail.pdl and not tail.smem
+    assert tail.grid == (2 * 132, 1, 1) and tail.threads == sm90_bwd.DQ_TAIL_THREADS and tail.pdl and not tail.smem
     assert not any(s.pdl for s in FAM.launches(base, p, 132))
     assert FAM.kernel_names(cfg)["convert_dq"] == "cuflash::sm90_bwd_dq_tail<cuflash::bf16, 128>"
     assert FAM.kernel_names(base)["convert_dq"] == "cuflash::fa2_bwd_convert_dq<cuflash::bf16>"
@@ -106,7 +107,7 @@ def test_heuristic_switch(monkeypatch):
 @needs_nvcc
 def test_ptxas_clean(tmp_path):
     """The dq_tail main kernel (the window heuristic's) and the convert: no spill, no stack, and the
-    convert at most 128 registers (512 threads: one CTA an SM, none beside a main CTA)."""
+    convert at most 128 registers (256 threads: two CTAs an SM, none beside a main CTA)."""
     import re
     import subprocess
 

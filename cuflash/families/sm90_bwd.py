@@ -478,7 +478,8 @@ SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 SOFTCAP_CAP_FOLD: dict = {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
-DQ_TAIL_THREADS = 512    # Sm90BwdDqTail::kThreads
+DQ_TAIL_THREADS = 256    # Sm90BwdDqTail::kThreads
+DQ_TAIL_CTAS_PER_SM = 2  # Sm90BwdDqTail::kCtasPerSm
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -1639,8 +1640,8 @@ class Sm90Backward(Family):
                # per SM (one fits an SM), at most one per tile, claiming tiles
                LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
                           config.smem_bytes)]
-        if config.dq_tail:   # one CTA an SM, a programmatic dependent of the main kernel (Sm90BwdDqTail)
-            out.append(LaunchSpec("convert_dq", (sm_count, 1, 1), DQ_TAIL_THREADS, pdl=True))
+        if config.dq_tail:   # two CTAs an SM, a programmatic dependent of the main kernel (Sm90BwdDqTail)
+            out.append(LaunchSpec("convert_dq", (DQ_TAIL_CTAS_PER_SM * sm_count, 1, 1), DQ_TAIL_THREADS, pdl=True))
         elif not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
             out.append(LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
                                   EPILOGUE_THREADS))
