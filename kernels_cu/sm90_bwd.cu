@@ -199,7 +199,8 @@
 //   kDqTail    (appended last; with kDqWriter and kDynamic, fixed lengths, unordered) the dQ convert as
 //              a programmatic dependent kernel (sm90_bwd_dq_tail) that converts the pairs done on the SMs
 //              the grid's end leaves idle: this kernel lets it launch once every CTA has started, and its
-//              writer counts each tile's completed additions per pair (Sm90BwdDqTail)
+//              writer counts each tile's completed additions per pair (Sm90BwdDqTail): 1 at the tile's end
+//              (waiting for its additions), 2 behind the next tile's first Q block (no wait at the boundary)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -694,7 +695,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, bool kDqTail = false>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -757,8 +758,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqFirst || (kDqWriter && !kVarlen && !kDeterministic && !kCluster && kBM % 64 == 0),
                   "dq_first: with dq_writer (its warp zeroes the Q blocks' rows), fixed lengths, unordered, one "
                   "CTA a cluster, BM 64 or 128 (whole Q blocks within the padded rows)");
-    static_assert(!kDqTail || (kDqWriter && kDynamic && !kDqConvert && !kVarlen && !kDeterministic && !kCluster),
-                  "dq_tail: with dq_writer on the dynamic scheduler (its writer counts every tile), fixed lengths, "
+    static_assert(kDqTail >= 0 && kDqTail <= 2
+                  && (!kDqTail || (kDqWriter && kDynamic && !kDqConvert && !kVarlen && !kDeterministic && !kCluster)),
+                  "dq_tail (0..2): with dq_writer on the dynamic scheduler (its writer counts every tile), fixed lengths, "
                   "unordered, not with dq_convert");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
@@ -928,6 +930,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // background while the consumers compute.
             const bool leader = tid == 32;                      // the warp's lane 0
             int q_done = 0;                                     // kDynamic: Q blocks of earlier tiles
+            // kDqTail: a tile of `pr` counted once its bulk additions have completed (Sm90BwdDqTail); form 2
+            // counts a tile behind the next tile's first Q block (tail_pending: its pair, -1 none), so that
+            // the writer does not wait for the engine at the tile boundary
+            int tail_pending = -1;
+            auto tail_count = [&](int pr) {
+                fence_proxy_async_global();                     // the bulk additions before the count
+                __threadfence();
+                atomicAdd(p.tile_counter + Sm90BwdDqTail::kPairCount0 + pr, 1);
+            };
             for (;;) {
                 for (int it = 0; it < n_iters; ++it) {
                     const int q = kDynamic ? q_done + it : it;
@@ -956,6 +967,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         bulk_commit_group();
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
+                        if constexpr (kDqTail == 2) {           // the last tile's groups: all but this one
+                            if (tail_pending >= 0) {
+                                bulk_wait_group<1>();
+                                tail_count(tail_pending);
+                                tail_pending = -1;
+                            }
+                        }
                         if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
                         if constexpr (kSlotDq && kCluster)                               // (by the partner too)
                             if (it + kStages < n_iters)
@@ -973,12 +991,20 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     }
                     __syncwarp();
                 }
-                if constexpr (kDqTail) {                       // the tile's additions complete: count it
+                if constexpr (kDqTail == 1) {                  // the tile's additions complete: count it
                     if (leader) {
                         bulk_wait_group<0>();
-                        fence_proxy_async_global();             // the bulk additions before the count
-                        __threadfence();
-                        atomicAdd(p.tile_counter + Sm90BwdDqTail::kPairCount0 + pair, 1);
+                        tail_count(pair);
+                    }
+                    __syncwarp();
+                }
+                if constexpr (kDqTail == 2) {                  // counted behind the next tile's first Q block
+                    if (leader) {
+                        if (tail_pending >= 0) {                // (a tile without Q blocks in between)
+                            bulk_wait_group<0>();
+                            tail_count(tail_pending);
+                        }
+                        tail_pending = pair;
                     }
                     __syncwarp();
                 }
@@ -990,6 +1016,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
+            if constexpr (kDqTail == 2)
+                if (leader && tail_pending >= 0) tail_count(tail_pending);
             if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
         } else if (kDqFirst && tid / 32 == 2 && (kDynamic || n_iters > 0)) {
             // ---- kDqFirst's zeroing warp (warp 2): the accumulator is not zeroed by the preprocess;
@@ -2219,7 +2247,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, bool kDqTail = false>
+          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,

@@ -1,10 +1,11 @@
 """Compile, in parallel worker processes, the kernels of sm90_bwd's dq_tail rounds (session 31, win5):
-tests/window_bwd_kernels_timing.py --variants heuristic,dqt (the window's and the plain call's backward with
-and without dq_tail, and their forwards), tests/features_overhead_timing.py --quick --mask both --features
+tests/window_bwd_kernels_timing.py --variants heuristic,dqt,dqt2 (the window's and the plain call's backward
+with and without dq_tail, and their forwards), tests/features_overhead_timing.py --quick --mask both --features
 window --fwd-heuristic (its backward candidate bwd_dqt), and with --tests tests/test_bwd_dq_tail_gpu.py's.
 
     timeout 90 python tests/dq_tail_precompile.py [--tests] [--no-timing]
 """
+import itertools
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ def timing_configs():
     import window_bwd_kernels_timing as bwdk
 
     out = []
-    for (mask, key), (causal, window, cfg) in bwdk.configs(("heuristic", "dqt")).items():
+    for (mask, key), (causal, window, cfg) in bwdk.configs(("heuristic", "dqt", "dqt2")).items():
         out += [cfg, forward_of(bwdk.problem(causal, window))]
     return out + feat.all_configs(quick=True, mask="both", features=("window",), fwd_heuristic=True)
 
@@ -41,26 +42,24 @@ def test_configs():
     fam = registry.get("sm90_bwd")
     from test_features_gpu import HEADS as heads
     out = []
-    for causal in (False, True):
-        for window in (True, False):
-            cfg = t.dq_tail_config(causal, window)
-            cases = []
-            if window:
-                for w in t.WINDOWS:
-                    if (causal and w[0] < 0) or (not causal and w[1] == 0):
-                        continue
-                    cases += [((w[0], 0) if causal else w, s, 2) for s in t.SHAPES[:3]]
-                cases += [((1024, 0) if causal else (1024, 1024), s, 3) for s in t.SHAPES[3:]]
-            else:
-                cases = [(None, s, 2) for s in t.SHAPES]
-            for w, (sq, sk, hk), batch in cases:
-                h, hkv = heads[hk]
-                # the call's own normalization (a bound past every key dropped: maybe plain causal)
-                fa = check_features(None, window_size=w or (-1, -1), causal=causal, seqlens=(sq, sk))
-                p = Problem("bwd", "bf16", batch, sq, sk, h, hkv, 128, fa.causal, features=fa.features,
-                            window=fa.window_size)
-                b = fam.for_bounds(fam.for_problem(cfg, p), p)
-                out += [b, forward_of(p)]
+    for causal, window, form in itertools.product((False, True), (True, False), (1, 2)):
+        cfg = t.dq_tail_config(causal, window, form)
+        cases = []
+        if window:
+            for w in t.WINDOWS:
+                if (causal and w[0] < 0) or (not causal and w[1] == 0):
+                    continue
+                cases += [((w[0], 0) if causal else w, s, 2) for s in t.SHAPES[:3]]
+            cases += [((1024, 0) if causal else (1024, 1024), s, 3) for s in t.SHAPES[3:]]
+        else:
+            cases = [(None, s, 2) for s in t.SHAPES]
+        for w, (sq, sk, hk), batch in cases:
+            h, hkv = heads[hk]
+            # the call's own normalization (a bound past every key dropped: maybe plain causal)
+            fa = check_features(None, window_size=w or (-1, -1), causal=causal, seqlens=(sq, sk))
+            p = Problem("bwd", "bf16", batch, sq, sk, h, hkv, 128, fa.causal, features=fa.features,
+                        window=fa.window_size)
+            out += [fam.for_bounds(fam.for_problem(cfg, p), p), forward_of(p)]
     return out
 
 

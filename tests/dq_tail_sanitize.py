@@ -9,7 +9,8 @@ under it, not under pytest.
 Each case runs the same call with the kernel without dq_tail and twice with it (the second call after the
 first one's counter reset), the gradients checked for NaN (outputs poisoned), dk / dv bit for bit the
 kernel's without dq_tail, dq within 1e-2 relative (unordered fp32 additions). The kernels are the ones
-tests/dq_tail_precompile.py --tests compiles (the GPU test's window and plain configs). --quick: the first two.
+tests/dq_tail_precompile.py --tests compiles (the GPU test's window and plain configs). --quick: the first two;
+--form 1 / 2: dq_tail's form (default 2).
 """
 import os
 import sys
@@ -32,11 +33,14 @@ CASES = [  # (causal, window or None, batch, seqlen_q, seqlen_k, nheads, nheads_
 ]
 
 
+FORM = int(sys.argv[sys.argv.index("--form") + 1]) if "--form" in sys.argv else 2
+
+
 def main():
     api.POISON_OUTPUTS = True
     cases = CASES[:2] if "--quick" in sys.argv else CASES
     for causal, window, b, sq, sk, h, hkv in cases:
-        cfg = t.dq_tail_config(causal, window is not None)
+        cfg = t.dq_tail_config(causal, window is not None, FORM)
         base = cfg.replace(dq_tail=False)
         torch.manual_seed(0)
         q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -34,8 +34,8 @@ def heur(p):
     return FAM.for_problem(FAM.heuristic(p), p)
 
 
-def dqt(p):
-    return FAM.for_problem(heur(p).replace(dq_tail=True), p)
+def dqt(p, form=1):
+    return FAM.for_problem(heur(p).replace(dq_tail=form), p)
 
 
 def test_field_name_template():
@@ -43,13 +43,17 @@ def test_field_name_template():
     base, cfg = heur(p), dqt(p)
     assert not base.dq_tail and cfg.dq_tail and cfg.problems() == [] and cfg.name == base.name + "_dqt"
     # kDqTail last: kDropPacked and kCapFold written out before it; other kernels keep their name expressions
-    assert cfg.kernel_name() == base.kernel_name()[:-1] + ", 0, 0, true>"
-    assert cfg.template_args()[:-1] == base.template_args()[:-1] and cfg.template_args()[-1] is True
+    assert cfg.kernel_name() == base.kernel_name()[:-1] + ", 0, 0, 1>"
+    assert cfg.template_args()[:-1] == base.template_args()[:-1] and cfg.template_args()[-1] == 1
     assert len(cfg.template_args()) == 31
+    two = dqt(p, 2)
+    assert two.name == base.name + "_dqt2" and two.kernel_name() == base.kernel_name()[:-1] + ", 0, 0, 2>"
+    assert FAM.decode(FAM.encode(two), "bf16", True).dq_tail == 2 and not two.problems()
+    assert "dq_tail" in " ".join(cfg.replace(dq_tail=3).problems())
     assert FAM.decode(FAM.encode(cfg), "bf16", True).dq_tail and "dq_tail" not in FAM.encode(base)
     assert "dq_tail" not in FAM.space and not FAM.make(FAM.point(cfg), p).dq_tail   # (outside the space: off)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "int kDropPacked = 0, int kCapFold = 0, bool kDqTail = false>" in src
+    assert "int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>" in src
     assert (f"static constexpr int kThreads = {sm90_bwd.DQ_TAIL_THREADS}, kCtasPerSm = {sm90_bwd.DQ_TAIL_CTAS_PER_SM};"
             in src)
 
@@ -65,7 +69,7 @@ def test_rules_and_for_problem():
         assert dqt(p).dq_tail, p
     for p in (problem(window=None).replace(features=("softcap",), softcap=5.0),
               problem(window=None).replace(features=("alibi",))):
-        got = FAM.for_problem(heur(p).replace(dq_tail=True), p)
+        got = FAM.for_problem(heur(p).replace(dq_tail=2), p)
         assert not got.dq_tail and got.problems() == [], got.name
 
 
@@ -91,16 +95,17 @@ def test_plan():
 
 
 def test_heuristic_switch(monkeypatch):
-    on = (128, "bf16") in sm90_bwd.WINDOW_DQ_TAIL
+    on = sm90_bwd.WINDOW_DQ_TAIL.get((128, "bf16"), 0)
     assert heur(problem()).dq_tail == on and heur(problem(False, (1024, 1024))).dq_tail == on
     assert not heur(problem(window=None)).dq_tail and not heur(problem(False, None)).dq_tail
-    monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", frozenset({(128, "bf16")}))
-    for p in (problem(), problem(False, (1024, 1024)), problem(seqlen=1000, window=(64, 64))):
-        cfg = heur(p)
-        assert cfg.dq_tail and cfg.problems() == [], cfg.name
-    assert not heur(problem(window=None)).dq_tail
-    assert not heur(problem().replace(deterministic=True)).dq_tail
-    monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", frozenset())
+    for form in (1, 2):
+        monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {(128, "bf16"): form})
+        for p in (problem(), problem(False, (1024, 1024)), problem(seqlen=1000, window=(64, 64))):
+            cfg = heur(p)
+            assert cfg.dq_tail == form and cfg.problems() == [], cfg.name
+        assert not heur(problem(window=None)).dq_tail
+        assert not heur(problem().replace(deterministic=True)).dq_tail
+    monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {})
     assert not heur(problem()).dq_tail
 
 
@@ -111,9 +116,8 @@ def test_ptxas_clean(tmp_path):
     import re
     import subprocess
 
-    cfg = dqt(problem())
-    (r,) = nvcc_compile([cfg], "sm_90a", NVCC)
-    assert not (r.spill_stores or r.spill_loads or r.stack_bytes), r
+    for r in nvcc_compile([dqt(problem()), dqt(problem(), 2)], "sm_90a", NVCC):
+        assert not (r.spill_stores or r.spill_loads or r.stack_bytes), r
     src = tmp_path / "tail.cu"
     src.write_text(render_source("sm90_bwd") + "template __global__ void cuflash::sm90_bwd_dq_tail<cuflash::bf16, 128>"
                    "(const __grid_constant__ cuflash::Sm90BwdParams);\n")

@@ -8,7 +8,8 @@ lengths, s_q != s_k both ways, MHA / GQA / MQA, window bands (both bounds, one s
 and the plain causal / full call; each plan called twice (the kernel resets its counters for the next launch),
 and a call shape with more pairs than SMs' worth of tiles (the convert CTAs wait for pairs still running).
 
-Compiles: 4 backward kernels (d128 bf16, window / plain x causal / not) and their forwards.
+Compiles: 8 backward kernels (d128 bf16, window / plain x causal / not x forms 1 / 2) and their forwards
+(tests/dq_tail_precompile.py --tests).
 
     timeout 200 python -m pytest -q tests/test_bwd_dq_tail_gpu.py
 """
@@ -28,9 +29,9 @@ SHAPES = [(113, 1023, "mqa"), (1023, 113, "gqa"), (1023, 1023, "gqa"), (2049, 20
 WINDOWS = [(64, 64), (200, -1), (-1, 37), (17, 5), (300, 0)]
 
 
-def dq_tail_config(causal, window):
+def dq_tail_config(causal, window, form=1):
     """The heuristic's backward of the call class (8k, batch 2 x 16 heads, d128 bf16: the dynamic
-    scheduler), with dq_tail; selection applies the call's own flags (for_problem)."""
+    scheduler), with dq_tail `form`; selection applies the call's own flags (for_problem)."""
     import torch
 
     p = Problem("bwd", "bf16", 2, 8192, 8192, 16, 16, 128, causal)
@@ -40,7 +41,7 @@ def dq_tail_config(causal, window):
     why = FAM.supports(cc, p)
     if why:
         pytest.skip(why)
-    cfg = FAM.for_problem(FAM.heuristic(p, cc), p).replace(dq_tail=True)
+    cfg = FAM.for_problem(FAM.heuristic(p, cc), p).replace(dq_tail=form)
     assert not cfg.problems(), cfg.problems()
     return cfg
 
@@ -63,9 +64,10 @@ def check(cfg, causal, window, shapes, batch=2):
                 check_close(a, r, b, 3, f"{what} {name}")
 
 
+@pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_window(causal):
-    cfg = dq_tail_config(causal, True)
+def test_window(causal, form):
+    cfg = dq_tail_config(causal, True, form)
     for window in WINDOWS:
         if (causal and window[0] < 0) or (not causal and window[1] == 0):
             continue   # (-1, 0) is plain causal; (x, 0) may be too (x past every key): the other mask's kernel
@@ -73,6 +75,7 @@ def test_window(causal):
     check(cfg, causal, (1024, 0) if causal else (1024, 1024), SHAPES[3:], batch=3)
 
 
+@pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_plain(causal):
-    check(dq_tail_config(causal, False), causal, (-1, -1), SHAPES)
+def test_plain(causal, form):
+    check(dq_tail_config(causal, False, form), causal, (-1, -1), SHAPES)

@@ -7,7 +7,8 @@ events, interleaved), for the plain call (selection's backward) and the window's
   dqc        + dq_convert (the dQ convert inside the main kernel, at the grid's end)
   dqt        + dq_tail (session 31: the dQ convert a programmatic dependent of the main kernel, converting the
              pairs done on the SMs the grid's end leaves idle; its kernel time includes its waits)
-  plain_dqt  the plain call's backward (selection's) + dq_tail
+  dqt2       + dq_tail 2 (the writer counts a tile behind the next tile's first Q block: no wait at the boundary)
+  plain_dqt2 the plain call's backward (selection's) + dq_tail 2
   (session 23 also timed cve, convert_early: dq_convert's jobs by ticket at the dynamic loop's tile
   boundaries, on wip/win5 at 2ef362d: slower, not merged)
 
@@ -34,7 +35,7 @@ from cuflash import registry  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 8192, 16, 128
-VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "dqt": dict(dq_tail=True)}
+VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "dqt": dict(dq_tail=1), "dqt2": dict(dq_tail=2)}
 
 
 def problem(causal, window=None):
@@ -44,7 +45,7 @@ def problem(causal, window=None):
 
 def configs(variants=None):
     """{(mask, variant): (causal, window, config)}: the window variants (VARIANTS, or those named) and the
-    plain call's backward (and plain_dqt when dqt is named)."""
+    plain call's backward (and plain_dqt2 when dqt2 is named)."""
     from cuflash import _gpu, select
 
     fam = registry.get("sm90_bwd")
@@ -61,10 +62,10 @@ def configs(variants=None):
                 out[(mask, key)] = (causal, window, cfg)
         plain = select.choose(problem(causal), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]
         out[(mask, "plain")] = (causal, None, plain)
-        if plain.family == "sm90_bwd" and (not variants or "dqt" in variants):
-            pdqt = fam.for_problem(plain.replace(dq_tail=True), problem(causal))
+        if plain.family == "sm90_bwd" and (not variants or "dqt2" in variants):
+            pdqt = fam.for_problem(plain.replace(dq_tail=2), problem(causal))
             if pdqt.dq_tail and not pdqt.problems():
-                out[(mask, "plain_dqt")] = (causal, None, pdqt)
+                out[(mask, "plain_dqt2")] = (causal, None, pdqt)
     return out
 
 

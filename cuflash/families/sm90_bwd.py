@@ -207,9 +207,10 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
 WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
-# * WINDOW_DQ_TAIL: dq_tail (session 31: the dQ convert as a programmatic dependent of the dynamic main kernel,
-#   sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V tiles are done on the SMs the grid's end leaves idle).
-WINDOW_DQ_TAIL: frozenset = frozenset()
+# * WINDOW_DQ_TAIL: dq_tail's form by (kernel head dim, dtype) (session 31: the dQ convert as a programmatic
+#   dependent of the dynamic main kernel, sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V tiles are done
+#   on the SMs the grid's end leaves idle).
+WINDOW_DQ_TAIL: dict = {}
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -667,6 +668,13 @@ class Sm90BwdConfig(KernelConfig):
                    by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only); 3 as 2 with a quarter of the
                    exp2s on the FMA pipes (exp2_emu.cuh, bf16 only). Softcap without ALiBi or dropout (name
                    _cf1, _cf2, _cf3); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
+    dq_tail:       the dQ convert as sm90_bwd_dq_tail, launched as a programmatic dependent of the main kernel
+                   (kDqTail): its CTAs take the SMs the dynamic scheduler leaves idle at the grid's end and
+                   convert the (head, batch) pairs whose K/V tiles are done while the last tiles run; the
+                   writer counts each tile once its bulk additions have completed, 1 at the tile's end, 2
+                   behind the next tile's first Q block. With dq_writer on the dynamic scheduler, fixed
+                   lengths, unordered, not with dq_convert (name _dqt, _dqt2); plain or windowed calls
+                   (for_problem drops it for others); the heuristic sets it from WINDOW_DQ_TAIL, never tuned
     """
 
     BM: int
@@ -700,7 +708,7 @@ class Sm90BwdConfig(KernelConfig):
     wide_epi: bool = False
     drop_packed: int = 0
     cap_fold: int = 0
-    dq_tail: bool = False
+    dq_tail: int = 0
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -723,7 +731,7 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
                 f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
-                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}{'_dqt' if self.dq_tail else ''}")
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}{'_dqt' if self.dq_tail == 1 else f'_dqt{self.dq_tail}' if self.dq_tail else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -941,7 +949,7 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.wide_epi)}" if self.wide_epi or last else ""                     # kWideEpi
         feats += f", {int(self.drop_packed)}" if last else ""                                 # kDropPacked
         feats += f", {int(self.cap_fold)}" if self.cap_fold or self.dq_tail else ""           # kCapFold
-        feats += f", {b(self.dq_tail)}" if self.dq_tail else ""                               # kDqTail last
+        feats += f", {int(self.dq_tail)}" if self.dq_tail else ""                             # kDqTail last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -954,7 +962,7 @@ class Sm90BwdConfig(KernelConfig):
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
                 self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold),
-                self.dq_tail)
+                int(self.dq_tail))
 
     def _problems(self) -> list[str]:
         out = []
@@ -1079,11 +1087,12 @@ class Sm90BwdConfig(KernelConfig):
                        "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
-        if self.dq_tail and (not self.dq_writer or not self.dynamic or self.dq_convert or self.deterministic
-                             or self.varlen or self.cluster):
-            out.append("dq_tail: the dQ convert as a programmatic dependent of the main kernel, with dq_writer on the "
-                       "dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen, cluster or "
-                       "dq_convert)")
+        if self.dq_tail not in (0, 1, 2) or (self.dq_tail and (
+                not self.dq_writer or not self.dynamic or self.dq_convert or self.deterministic or self.varlen
+                or self.cluster)):
+            out.append("dq_tail (0, 1 or 2): the dQ convert as a programmatic dependent of the main kernel, with "
+                       "dq_writer on the dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen, "
+                       "cluster or dq_convert)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                               or self.BM % 64):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
@@ -1454,7 +1463,7 @@ class Sm90Backward(Family):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
         if config.dq_tail and (problem.features not in ((), ("window",))
                                or any("dq_tail" in w for w in config.problems())):
-            config = config.replace(dq_tail=False)     # a speed choice: plain (or windowed) calls, dynamic scheduler
+            config = config.replace(dq_tail=0)         # a speed choice: plain (or windowed) calls, dynamic scheduler
         if config.cap_fold and any("cap_fold" in w for w in config.problems()):
             config = config.replace(cap_fold=0)        # the folded softcap step is built for softcap alone
         return with_drop_packed(config)
@@ -1487,8 +1496,8 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi", "dq_tail")
-               if k not in self.space}
+        out = {k: (int(point.get(k, 0)) if k == "dq_tail" else bool(point.get(k, False)))
+               for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi", "dq_tail") if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
@@ -1585,8 +1594,8 @@ class Sm90Backward(Family):
         wdqc = cfg.replace(dq_convert=True)
         if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
             cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
-        wdqt = cfg.replace(dq_tail=True)
-        if (feats == ("window",) and (d, dtype) in WINDOW_DQ_TAIL and not det and not is_varlen(problem)
+        wdqt = cfg.replace(dq_tail=WINDOW_DQ_TAIL.get((d, dtype), 0))
+        if (feats == ("window",) and wdqt.dq_tail and not det and not is_varlen(problem)
                 and not wdqt.problems()):
             cfg = wdqt                                  # (for_problem drops it where the grid is not dynamic)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
