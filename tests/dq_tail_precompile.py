@@ -26,7 +26,7 @@ def timing_configs():
     import window_bwd_kernels_timing as bwdk
 
     out = []
-    for (mask, key), (causal, window, cfg) in bwdk.configs(("heuristic", "dqt", "dqt2")).items():
+    for (mask, key), (causal, window, cfg) in bwdk.configs(("heuristic", "dqt", "dqt2", "dqt0")).items():
         out += [cfg, forward_of(bwdk.problem(causal, window))]
     return out + feat.all_configs(quick=True, mask="both", features=("window",), fwd_heuristic=True)
 

@@ -72,7 +72,7 @@ QUICK = {"window": ("prev", "static_tmao", "tov"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_dqt", "bwd_dqt2")
+QUICK_BWD = ("bwd_dqt", "bwd_dqt2", "bwd_dqt0")
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -202,7 +202,8 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True)),
                     # the dQ convert a programmatic dependent of the main kernel, converting the pairs done on the
                     # SMs the grid's end leaves idle (dq_tail: session 31)
-                    ("bwd_dqt", dict(dq_tail=1)), ("bwd_dqt2", dict(dq_tail=2))):
+                    ("bwd_dqt", dict(dq_tail=1)), ("bwd_dqt2", dict(dq_tail=2)),
+                    ("bwd_dqt0", dict(dq_tail=0))):   # (without it, where the heuristic has it)
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)

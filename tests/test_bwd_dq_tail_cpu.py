@@ -95,11 +95,11 @@ def test_plan():
 
 
 def test_heuristic_switch(monkeypatch):
-    on = sm90_bwd.WINDOW_DQ_TAIL.get((128, "bf16"), 0)
-    assert heur(problem()).dq_tail == on and heur(problem(False, (1024, 1024))).dq_tail == on
+    assert sm90_bwd.WINDOW_DQ_TAIL == {(128, "bf16", False): 1}   # (session 31: the full window's tail)
+    assert heur(problem()).dq_tail == 0 and heur(problem(False, (1024, 1024))).dq_tail == 1
     assert not heur(problem(window=None)).dq_tail and not heur(problem(False, None)).dq_tail
     for form in (1, 2):
-        monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {(128, "bf16"): form})
+        monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {(128, "bf16", c): form for c in (False, True)})
         for p in (problem(), problem(False, (1024, 1024)), problem(seqlen=1000, window=(64, 64))):
             cfg = heur(p)
             assert cfg.dq_tail == form and cfg.problems() == [], cfg.name

@@ -7,6 +7,7 @@ events, interleaved), for the plain call (selection's backward) and the window's
   dqc        + dq_convert (the dQ convert inside the main kernel, at the grid's end)
   dqt        + dq_tail (session 31: the dQ convert a programmatic dependent of the main kernel, converting the
              pairs done on the SMs the grid's end leaves idle; its kernel time includes its waits)
+  dqt0       without dq_tail (the heuristic's where it sets it: sm90_bwd WINDOW_DQ_TAIL)
   dqt2       + dq_tail 2 (the writer counts a tile behind the next tile's first Q block: no wait at the boundary)
   plain_dqt2 the plain call's backward (selection's) + dq_tail 2
   (session 23 also timed cve, convert_early: dq_convert's jobs by ticket at the dynamic loop's tile
@@ -35,7 +36,8 @@ from cuflash import registry  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 8192, 16, 128
-VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "dqt": dict(dq_tail=1), "dqt2": dict(dq_tail=2)}
+VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "dqt": dict(dq_tail=1), "dqt2": dict(dq_tail=2),
+            "dqt0": dict(dq_tail=0)}
 
 
 def problem(causal, window=None):
@@ -58,7 +60,7 @@ def configs(variants=None):
             if variants and key not in variants:
                 continue
             cfg = fam.for_problem(heur.replace(**kw), p)
-            if not cfg.problems():
+            if not cfg.problems() and (key == "heuristic" or cfg != heur):
                 out[(mask, key)] = (causal, window, cfg)
         plain = select.choose(problem(causal), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]
         out[(mask, "plain")] = (causal, None, plain)

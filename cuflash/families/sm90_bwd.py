@@ -207,10 +207,16 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
 WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
-# * WINDOW_DQ_TAIL: dq_tail's form by (kernel head dim, dtype) (session 31: the dQ convert as a programmatic
-#   dependent of the dynamic main kernel, sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V tiles are done
-#   on the SMs the grid's end leaves idle).
-WINDOW_DQ_TAIL: dict = {}
+# * WINDOW_DQ_TAIL: dq_tail's form by (kernel head dim, dtype, causal) (session 31: the dQ convert as a
+#   programmatic dependent of the dynamic main kernel, sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V
+#   tiles are done on the SMs the grid's end leaves idle). H200 (results/NVIDIA_H200/logs/session31_win5), bf16
+#   d128 2 x 16 heads x 8k, window 1024 x 1024 / (1024, 0) causal, the backward alone, ms: round 1
+#   (tests/features_overhead_timing.py --bwd-pass) full 1.410 -> 1.381 (form 1), causal 0.854 -> 0.873; round 2
+#   (tests/window_bwd_kernels_timing.py) full 1.378 -> 1.347 (1) / 1.344 (2), causal 0.807 -> 0.805 / 0.808. The
+#   causal window's grid ends with the last pair's short tiles (a K/V block near the sequence's end sees few Q
+#   blocks), so few SMs idle at its end and the convert runs after it as before; the full window's 34-Q-block
+#   tiles leave a longer tail. On for the full window.
+WINDOW_DQ_TAIL: dict = {(128, "bf16", False): 1}
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -1594,7 +1600,7 @@ class Sm90Backward(Family):
         wdqc = cfg.replace(dq_convert=True)
         if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
             cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
-        wdqt = cfg.replace(dq_tail=WINDOW_DQ_TAIL.get((d, dtype), 0))
+        wdqt = cfg.replace(dq_tail=WINDOW_DQ_TAIL.get((d, dtype, causal), 0))
         if (feats == ("window",) and wdqt.dq_tail and not det and not is_varlen(problem)
                 and not wdqt.problems()):
             cfg = wdqt                                  # (for_problem drops it where the grid is not dynamic)
