@@ -1,9 +1,10 @@
 """Compile, in parallel worker processes, the kernels of sm90_bwd's dq_tail rounds (session 31, win5):
 tests/window_bwd_kernels_timing.py --variants heuristic,dqt,dqt2 (the window's and the plain call's backward
 with and without dq_tail, and their forwards), tests/features_overhead_timing.py --quick --mask both --features
-window --fwd-heuristic (its backward candidate bwd_dqt), and with --tests tests/test_bwd_dq_tail_gpu.py's.
+window --fwd-heuristic (its backward candidate bwd_dqt), with --tests tests/test_bwd_dq_tail_gpu.py's, and with
+--defaults tests/test_feature_defaults_gpu.py's full-window case as its calls run it.
 
-    timeout 90 python tests/dq_tail_precompile.py [--tests] [--no-timing]
+    timeout 90 python tests/dq_tail_precompile.py [--tests] [--defaults] [--no-timing]
 """
 import itertools
 import os
@@ -63,6 +64,31 @@ def test_configs():
     return out
 
 
+def defaults_configs():
+    """tests/test_feature_defaults_gpu.py's full-window forward + backward case (whose backward takes dq_tail),
+    per call (for_problem, for_bounds)."""
+    import test_feature_defaults_gpu as d
+    from cuflash import registry
+    from cuflash.api import check_features
+    from cuflash.problem import Problem
+    from test_features_gpu import HEADS as heads
+
+    fam = registry.get("sm90_bwd")
+    out = []
+    for name, feats, causal, window, *_ in d.BACKWARD:
+        if feats != ("window",) or causal:   # (the full window's: the default dq_tail changed)
+            continue
+        bcfg = d.bwd_config(name, feats, causal)
+        out.append(d.default_configs(feats, causal))
+        for sq, sk, hk in d.GRAD_SHAPES:
+            h, hkv = heads[hk]
+            fa = check_features(None, window_size=window, causal=causal, seqlens=(sq, sk))
+            p = Problem("bwd", "bf16", 2, sq, sk, h, hkv, 128, fa.causal, features=fa.features,
+                        window=fa.window_size)
+            out.append(fam.for_bounds(fam.for_problem(bcfg, p), p))
+    return out
+
+
 if __name__ == "__main__":
     t0 = time.time()
     from cuflash.compile import precompile
@@ -70,6 +96,8 @@ if __name__ == "__main__":
     cfgs = [] if "--no-timing" in sys.argv else timing_configs()
     if "--tests" in sys.argv:
         cfgs += test_configs()
+    if "--defaults" in sys.argv:
+        cfgs += defaults_configs()
     cfgs = list(dict.fromkeys(cfgs))
     print("\n".join(c.name for c in cfgs), flush=True)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
