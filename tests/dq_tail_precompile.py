@@ -2,7 +2,7 @@
 tests/window_bwd_kernels_timing.py --variants heuristic,dqt,dqt2 (the window's and the plain call's backward
 with and without dq_tail, and their forwards), tests/features_overhead_timing.py --quick --mask both --features
 window --fwd-heuristic (its backward candidate bwd_dqt), with --tests tests/test_bwd_dq_tail_gpu.py's, and with
---defaults tests/test_feature_defaults_gpu.py's full-window case as its calls run it.
+--defaults tests/test_feature_defaults_gpu.py's window cases (not _bwd_s3) as their calls run them.
 
     timeout 90 python tests/dq_tail_precompile.py [--tests] [--defaults] [--no-timing]
 """
@@ -65,8 +65,8 @@ def test_configs():
 
 
 def defaults_configs():
-    """tests/test_feature_defaults_gpu.py's full-window forward + backward case (whose backward takes dq_tail),
-    per call (for_problem, for_bounds)."""
+    """tests/test_feature_defaults_gpu.py's window forward + backward cases (whose backward takes dq_tail; not the
+    stages-3 candidate), per call (for_problem, for_bounds)."""
     import test_feature_defaults_gpu as d
     from cuflash import registry
     from cuflash.api import check_features
@@ -76,7 +76,7 @@ def defaults_configs():
     fam = registry.get("sm90_bwd")
     out = []
     for name, feats, causal, window, *_ in d.BACKWARD:
-        if feats != ("window",) or causal:   # (the full window's: the default dq_tail changed)
+        if feats != ("window",) or name.endswith("_bwd_s3"):   # (the window defaults: dq_tail on; s3: none)
             continue
         bcfg = d.bwd_config(name, feats, causal)
         out.append(d.default_configs(feats, causal))

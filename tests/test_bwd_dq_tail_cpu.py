@@ -30,8 +30,13 @@ def problem(causal=True, window=(1024, 0), seqlen=8192, **kw):
     return p.replace(features=("window",), window=window) if window else p
 
 
-def heur(p):
+def shipped(p):
     return FAM.for_problem(FAM.heuristic(p), p)
+
+
+def heur(p):
+    """The heuristic's config without dq_tail (WINDOW_DQ_TAIL sets it for windows)."""
+    return FAM.for_problem(FAM.heuristic(p).replace(dq_tail=0), p)
 
 
 def dqt(p, form=1):
@@ -95,18 +100,19 @@ def test_plan():
 
 
 def test_heuristic_switch(monkeypatch):
-    assert sm90_bwd.WINDOW_DQ_TAIL == {(128, "bf16", False): 1}   # (session 31: the full window's tail)
-    assert heur(problem()).dq_tail == 0 and heur(problem(False, (1024, 1024))).dq_tail == 1
-    assert not heur(problem(window=None)).dq_tail and not heur(problem(False, None)).dq_tail
+    assert sm90_bwd.WINDOW_DQ_TAIL == {(128, "bf16", False): 2, (128, "bf16", True): 2}   # (session 31)
+    assert shipped(problem()).dq_tail == 2 and shipped(problem(False, (1024, 1024))).dq_tail == 2
+    assert shipped(problem().replace(dtype="fp16")).dq_tail == 0   # (not measured)
+    assert not shipped(problem(window=None)).dq_tail and not shipped(problem(False, None)).dq_tail
     for form in (1, 2):
         monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {(128, "bf16", c): form for c in (False, True)})
         for p in (problem(), problem(False, (1024, 1024)), problem(seqlen=1000, window=(64, 64))):
-            cfg = heur(p)
+            cfg = shipped(p)
             assert cfg.dq_tail == form and cfg.problems() == [], cfg.name
-        assert not heur(problem(window=None)).dq_tail
-        assert not heur(problem().replace(deterministic=True)).dq_tail
+        assert not shipped(problem(window=None)).dq_tail
+        assert not shipped(problem().replace(deterministic=True)).dq_tail
     monkeypatch.setattr(sm90_bwd, "WINDOW_DQ_TAIL", {})
-    assert not heur(problem()).dq_tail
+    assert not shipped(problem()).dq_tail
 
 
 @needs_nvcc

@@ -210,13 +210,15 @@ WINDOW_DQ_CONVERT: frozenset = frozenset()
 # * WINDOW_DQ_TAIL: dq_tail's form by (kernel head dim, dtype, causal) (session 31: the dQ convert as a
 #   programmatic dependent of the dynamic main kernel, sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V
 #   tiles are done on the SMs the grid's end leaves idle). H200 (results/NVIDIA_H200/logs/session31_win5), bf16
-#   d128 2 x 16 heads x 8k, window 1024 x 1024 / (1024, 0) causal, the backward alone, ms: round 1
-#   (tests/features_overhead_timing.py --bwd-pass) full 1.410 -> 1.381 (form 1), causal 0.854 -> 0.873; round 2
-#   (tests/window_bwd_kernels_timing.py) full 1.378 -> 1.347 (1) / 1.344 (2), causal 0.807 -> 0.805 / 0.808. The
-#   causal window's grid ends with the last pair's short tiles (a K/V block near the sequence's end sees few Q
-#   blocks), so few SMs idle at its end and the convert runs after it as before; the full window's 34-Q-block
-#   tiles leave a longer tail. On for the full window.
-WINDOW_DQ_TAIL: dict = {(128, "bf16", False): 1}
+#   d128 2 x 16 heads x 8k, window 1024 x 1024 / (1024, 0) causal, the backward alone, ms, without -> form 1 /
+#   form 2: round 1 (an earlier convert kernel, two barriers a job; tests/features_overhead_timing.py --bwd-pass)
+#   full 1.410 -> 1.381, causal 0.854 -> 0.873; round 2 (tests/window_bwd_kernels_timing.py) full 1.378 -> 1.347
+#   / 1.344, causal 0.807 -> 0.805 / 0.808; round 3, features timing: full 1.372 -> 1.345 / 1.345 (forward +
+#   backward 1.982 -> 1.960 / 1.960), causal 0.870 -> 0.862 / 0.860 (1.216 -> 1.213 / 1.207); round 3, per-kernel
+#   timing: full 1.385 -> 1.356 / 1.356, causal 0.814 -> 0.809 / 0.802. The full window's 34-Q-block tiles leave
+#   a long tail of idle SMs; the causal grid ends on the last pair's short tiles (a K/V block near the sequence's
+#   end sees few Q blocks), so less of its convert hides (~1%). Form 2 on for both.
+WINDOW_DQ_TAIL: dict = {(128, "bf16", False): 2, (128, "bf16", True): 2}
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
