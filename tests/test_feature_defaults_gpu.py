@@ -74,7 +74,8 @@ def bwd_config(name, features, causal):
     (session 14's measured window backward)."""
     cfg = default_configs(features, causal, "bwd")
     if name.endswith("_bwd_s3"):
-        cfg = cfg.replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False)
+        cfg = cfg.replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False,
+                          dq_tail=0)   # (dq_tail: the dynamic scheduler's)
         assert not cfg.problems(227 * 1024), cfg.problems()
     return cfg
 

@@ -1098,9 +1098,10 @@ class Sm90BwdConfig(KernelConfig):
         if self.dq_tail not in (0, 1, 2) or (self.dq_tail and (
                 not self.dq_writer or not self.dynamic or self.dq_convert or self.deterministic or self.varlen
                 or self.cluster)):
+            # (the in-kernel convert's name is not in this message: for_problem keeps that one and drops dq_tail)
             out.append("dq_tail (0, 1 or 2): the dQ convert as a programmatic dependent of the main kernel, with "
-                       "dq_writer on the dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen, "
-                       "cluster or dq_convert)")
+                       "dq_writer on the dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen "
+                       "or cluster; not with the convert inside the main kernel)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                               or self.BM % 64):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
