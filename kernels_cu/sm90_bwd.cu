@@ -760,8 +760,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                   "CTA a cluster, BM 64 or 128 (whole Q blocks within the padded rows)");
     static_assert(kDqTail >= 0 && kDqTail <= 2
                   && (!kDqTail || (kDqWriter && kDynamic && !kDqConvert && !kVarlen && !kDeterministic && !kCluster)),
-                  "dq_tail (0..2): with dq_writer on the dynamic scheduler (its writer counts every tile), fixed lengths, "
-                  "unordered, not with dq_convert");
+                  "dq_tail (0..2): with dq_writer on the dynamic scheduler (its writer counts every tile), fixed "
+                  "lengths, unordered, not with dq_convert");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m

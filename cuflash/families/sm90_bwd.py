@@ -739,7 +739,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
                 f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
-                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}{'_dqt' if self.dq_tail == 1 else f'_dqt{self.dq_tail}' if self.dq_tail else ''}")
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}"
+                f"{'_dqt' if self.dq_tail == 1 else f'_dqt{self.dq_tail}' if self.dq_tail else ''}")
 
     @property
     def shared_keys(self) -> bool:
