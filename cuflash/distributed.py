@@ -461,13 +461,16 @@ def _acc_plan(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic
         try:
             problem = api.check_qkv(q, k, v, scale, causal, "bwd", deterministic)[4]
             cfg = select.choose_on_device(problem, q.device.index)[1]
-            flags = {f: False for f in ("dq_first", "dq_convert") if getattr(cfg, f, False)}
+            # (dq_tail: its convert, a programmatic dependent, waits for counts that the ring's repeated main
+            # launches would have passed already)
+            flags = {f: False for f in ("dq_first", "dq_convert", "dq_tail") if getattr(cfg, f, False)}
             plan = torch_ops._bwd_verdict(dout, q, k, v, out, lse, scale, causal, deterministic,
                                           cfg.replace(**flags) if flags else None)
         except (ValueError, TypeError, select.UnsupportedProblem):
             plan = None
         if plan.__class__ is str or plan is None or "dout_copy" in plan.workspace_offsets or \
-                getattr(plan.config, "dq_first", False) or getattr(plan.config, "dq_convert", False):
+                getattr(plan.config, "dq_first", False) or getattr(plan.config, "dq_convert", False) or \
+                getattr(plan.config, "dq_tail", False):
             plan = None
         _acc_plans[key] = plan
     plan = _acc_plans[key]

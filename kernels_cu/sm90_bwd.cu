@@ -196,6 +196,11 @@
 //              ALU instructions, which have room (session 23, H100, tests/softcap_bwd_timing.py kvariants:
 //              1/8, 1/4, 1/2 of them moved, the quarter fastest). 0 (the default): the code of the kernel
 //              before it existed
+//   kDqTail    (appended last; with kDqWriter and kDynamic, fixed lengths, unordered) the dQ convert as
+//              a programmatic dependent kernel (sm90_bwd_dq_tail) that converts the pairs done on the SMs
+//              the grid's end leaves idle: this kernel lets it launch once every CTA has started, and its
+//              writer counts each tile's completed additions per pair (Sm90BwdDqTail): 1 at the tile's end
+//              (waiting for its additions), 2 behind the next tile's first Q block (no wait at the boundary)
 //
 // Head dim 256 (kSharedKeys: kBN 64 with 2 consumers, kBM 64; Sm90BwdShape). dK_j, dV_j of 64
 // keys x 256 fp32 would take 256 registers per thread in one warpgroup, so both warpgroups take
@@ -234,6 +239,8 @@
 #include "ptx_sm90_bwd.cuh"
 #include "exp2_emu.cuh"
 #include "dropout_transposed.cuh"
+// (ptx_decode.cuh: grid_dependency_wait, launch_dependents for kDqTail)
+#include "ptx_decode.cuh"
 
 namespace cuflash {
 
@@ -660,6 +667,21 @@ __device__ __forceinline__ void sm90_bwd_convert_dq_job(const Sm90BwdParams& p, 
     }
 }
 
+// kDqTail (with kDqWriter on the dynamic scheduler): the dQ convert stays a kernel of its own,
+// sm90_bwd_dq_tail below, launched as a programmatic dependent of the main kernel (cuflash.launch:
+// LaunchSpec pdl), which lets it be scheduled as soon as every main CTA has started. Its CTAs (two
+// an SM; none fits beside a main CTA) take the SMs the dynamic scheduler leaves idle at the end of
+// the grid and convert every (head, batch) pair whose K/V tiles are all done while the last tiles
+// still run, instead of after the whole grid. The main kernel's writer warp counts each tile of a
+// pair once its bulk reduce-adds have completed (the words below, in the plan's zeroed int32 buffer
+// p.tile_counter after the claim counter); the convert kernel's CTAs draw jobs (kRows rows of one
+// pair, pair-major: the order in which the scheduler finishes them) by ticket and wait for their
+// pair's count. Its last CTA sets the words back to 0 for the next launch.
+struct Sm90BwdDqTail {
+    static constexpr int kThreads = 256, kCtasPerSm = 2;    // (sm90_bwd_convert_dq_job's 8 items a thread)
+    static constexpr int kTicket = 1, kFinished = 2, kPairCount0 = 3;   // p.tile_counter's words
+};
+
 // The kernel's body (sm90_bwd, and sm90_bwd_cluster for kCluster, below, are its entry points).
 // kCluster (head dim 256 only): the two CTAs of a cluster (__cluster_dims__(2, 1, 1)) own K/V
 // blocks 2c and 2c + 1 of one (head, batch) and walk the same Q blocks (under the causal mask from
@@ -673,7 +695,7 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kDeterministic, bool kWindow, bool kSoftcap, bool kAlibi, bool kDropout, bool kDqBulk,
           bool kOverlapSdp, bool kDqWriter, bool kVarlen, bool kLpt, bool kDynamic, bool kDsDouble, bool kCluster,
           bool kSAhead, bool kDqEarly, bool kQRotate, bool kDkLate, bool kFragPin, bool kRoles, bool kDqConvert,
-          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
+          bool kDqFirst, bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>
 __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     using Shape = Sm90BwdShape<kBM, kBN, kStages, kConsumers, kHeadDim, kDynamic, kDsDouble ? 2 : 1>;
     using Mask = CausalMask<kCausal>;
@@ -736,6 +758,10 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
     static_assert(!kDqFirst || (kDqWriter && !kVarlen && !kDeterministic && !kCluster && kBM % 64 == 0),
                   "dq_first: with dq_writer (its warp zeroes the Q blocks' rows), fixed lengths, unordered, one "
                   "CTA a cluster, BM 64 or 128 (whole Q blocks within the padded rows)");
+    static_assert(kDqTail >= 0 && kDqTail <= 2
+                  && (!kDqTail || (kDqWriter && kDynamic && !kDqConvert && !kVarlen && !kDeterministic && !kCluster)),
+                  "dq_tail (0..2): with dq_writer on the dynamic scheduler (its writer counts every tile), fixed "
+                  "lengths, unordered, not with dq_convert");
     static_assert(!(kDqWriter && (kDeterministic || kDqBulk)),
                   "dq_writer is the unordered mode's (deterministic keeps red.add), and not with dq_bulk");
     // BM 80 (head dim 128, 2 consumers; FA3's non-causal tile): 80 queries are not a whole wgmma m
@@ -885,6 +911,9 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
         fence_mbarrier_init();                                  // visible to TMA's complete_tx
     }
     __syncthreads();
+    // kDqTail: sm90_bwd_dq_tail (the stream's next kernel, a programmatic dependent) may be scheduled
+    // now; its CTAs take the SMs this grid's CTAs leave (one CTA an SM here: none fits beside it)
+    if constexpr (kDqTail) launch_dependents();
     if constexpr (kCluster) cluster_sync();     // both CTAs' barriers initialised before any multicast
 
     if (warpgroup == 0) {
@@ -901,6 +930,15 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
             // background while the consumers compute.
             const bool leader = tid == 32;                      // the warp's lane 0
             int q_done = 0;                                     // kDynamic: Q blocks of earlier tiles
+            // kDqTail: a tile of `pr` counted once its bulk additions have completed (Sm90BwdDqTail); form 2
+            // counts a tile behind the next tile's first Q block (tail_pending: its pair, -1 none), so that
+            // the writer does not wait for the engine at the tile boundary
+            int tail_pending = -1;
+            auto tail_count = [&](int pr) {
+                fence_proxy_async_global();                     // the bulk additions before the count
+                __threadfence();
+                atomicAdd(p.tile_counter + Sm90BwdDqTail::kPairCount0 + pr, 1);
+            };
             for (;;) {
                 for (int it = 0; it < n_iters; ++it) {
                     const int q = kDynamic ? q_done + it : it;
@@ -929,6 +967,13 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                         bulk_commit_group();
                         bulk_wait_group_read<0>();              // the tile may be rewritten
                         if constexpr (kDynamic) mbarrier_arrive(dq_empty(buf));
+                        if constexpr (kDqTail == 2) {           // the last tile's groups: all but this one
+                            if (tail_pending >= 0) {
+                                bulk_wait_group<1>();
+                                tail_count(tail_pending);
+                                tail_pending = -1;
+                            }
+                        }
                         if constexpr (kSlotDq) mbarrier_arrive(q_empty(q % kStages));   // the slot may be refilled
                         if constexpr (kSlotDq && kCluster)                               // (by the partner too)
                             if (it + kStages < n_iters)
@@ -946,6 +991,23 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                     }
                     __syncwarp();
                 }
+                if constexpr (kDqTail == 1) {                  // the tile's additions complete: count it
+                    if (leader) {
+                        bulk_wait_group<0>();
+                        tail_count(pair);
+                    }
+                    __syncwarp();
+                }
+                if constexpr (kDqTail == 2) {                  // counted behind the next tile's first Q block
+                    if (leader) {
+                        if (tail_pending >= 0) {                // (a tile without Q blocks in between)
+                            bulk_wait_group<0>();
+                            tail_count(tail_pending);
+                        }
+                        tail_pending = pair;
+                    }
+                    __syncwarp();
+                }
                 if constexpr (!kDynamic) break;
                 q_done += n_iters;
                 const Sm90BwdTile next = ring_take();
@@ -954,6 +1016,8 @@ __device__ __forceinline__ void sm90_bwd_body(const Sm90BwdParams& p) {
                 tile_range();
             }
             if (leader) bulk_wait_group<0>();                   // the additions done before the CTA ends
+            if constexpr (kDqTail == 2)
+                if (leader && tail_pending >= 0) tail_count(tail_pending);
             if constexpr (kDqConvert) named_barrier_arrive(kConvBar, kConsumerThreads + 32);   // last tile counted
         } else if (kDqFirst && tid / 32 == 2 && (kDynamic || n_iters > 0)) {
             // ---- kDqFirst's zeroing warp (warp 2): the accumulator is not zeroed by the preprocess;
@@ -2183,13 +2247,66 @@ template <int kBM, int kBN, int kStages, int kConsumers, int kHeadDim, class Ele
           bool kVarlen = false, bool kLpt = false, bool kDynamic = false, bool kDsDouble = false,
           bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, bool kDkLate = false,
           bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,
-          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>
+          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>
 __global__ void __launch_bounds__((kConsumers + 1) * 128, 1)
 sm90_bwd(const __grid_constant__ Sm90BwdParams p) {
     sm90_bwd_body<kBM, kBN, kStages, kConsumers, kHeadDim, Elem, kCausal, kDeterministic, kWindow, kSoftcap, kAlibi,
                   kDropout, kDqBulk, kOverlapSdp, kDqWriter, kVarlen, kLpt, kDynamic, kDsDouble, false,
                   kSAhead, kDqEarly, kQRotate, kDkLate, kFragPin, kRoles, kDqConvert, kDqFirst, kWideEpi,
-                  kDropPacked, kCapFold>(p);
+                  kDropPacked, kCapFold, kDqTail>(p);
+}
+
+// kDqTail's convert (Sm90BwdDqTail above): dQ = scale · accumulator, Sm90BwdDqQueue::kRows rows of one
+// (head, batch) pair a job, drawn by ticket in pair-major order, kCtasPerSm CTAs an SM (one's loads run
+// while another converts or waits). Thread 0 draws the next job's ticket as the CTA starts a job (the
+// atomic's round trip hidden by the job) and, once the job is done, waits for the next job's pair (its
+// n_kv = ceil(seqlen_k / kBN) K/V tiles counted) before the CTA's barrier: one barrier a job. Every CTA
+// ends with grid_dependency_wait, so that the grid completes after the main kernel: the stream's next
+// kernels (GQA's reduce, the caller's) see dK, dV too.
+template <class Elem, int kBN>
+__global__ void __launch_bounds__(Sm90BwdDqTail::kThreads, Sm90BwdDqTail::kCtasPerSm)
+sm90_bwd_dq_tail(const __grid_constant__ Sm90BwdParams p) {
+    using T = Sm90BwdDqTail;
+    __shared__ int job_s[2];
+    int* const c = p.tile_counter;
+    const int n_pairs = p.batch * p.nheads, n_kv = (p.seqlen_k + kBN - 1) / kBN;
+    const Sm90BwdDqQueue jobs(c, n_pairs, p.seqlen_q);       // (its job numbering and row count only)
+    const int n_jobs = n_pairs * jobs.n_chunks;
+    const int tid = threadIdx.x;
+    int seen_pair = -1;                                      // thread 0: the last pair found complete
+    // thread 0: the pair of `job` complete (its sums final: acquire, then the CTA's barrier for the others)
+    auto wait_pair = [&](int job) {
+        const int pair = job / jobs.n_chunks;
+        if (job < n_jobs && pair != seen_pair) {
+            while (ld_acquire_gpu(c + T::kPairCount0 + pair) < n_kv) __nanosleep(256);
+            __threadfence();
+            seen_pair = pair;
+        }
+    };
+    if (tid == 0) {
+        job_s[0] = atomicAdd(c + T::kTicket, 1);
+        wait_pair(job_s[0]);
+    }
+    __syncthreads();
+    // (job_s[k ^ 1] is written at the end of the iteration that reads job_s[k], before its barrier)
+    for (int k = 0;; k ^= 1) {
+        const int job = job_s[k];
+        if (job >= n_jobs) break;
+        int next = 0;
+        if (tid == 0) next = atomicAdd(c + T::kTicket, 1);
+        sm90_bwd_convert_dq_job<Elem>(p, jobs, job, tid, T::kThreads);
+        if (tid == 0) {
+            job_s[k ^ 1] = next;
+            wait_pair(next);
+        }
+        __syncthreads();
+    }
+    if (tid == 0 && atomicAdd(c + T::kFinished, 1) == int(gridDim.x) - 1) {   // the grid's last: reset
+        for (int i = 0; i < n_pairs; ++i) atomicExch(c + T::kPairCount0 + i, 0);
+        atomicExch(c + T::kTicket, 0);
+        atomicExch(c + T::kFinished, 0);
+    }
+    grid_dependency_wait();
 }
 
 // kCluster's entry point: a cluster of 2 CTAs (adjacent K/V blocks); kClusterSize (2) leads the

@@ -72,7 +72,7 @@ QUICK = {"window": ("prev", "static_tmao", "tov"),
          "softcap": (),
          "alibi": ("alin_bn160_tmao",),
          "dropout": ()}
-QUICK_BWD = ("bwd_prev",)
+QUICK_BWD = ("bwd_dqt", "bwd_dqt2", "bwd_dqt0")
 
 
 def fwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=False):
@@ -199,7 +199,11 @@ def bwd_candidates(feature, causal, seqlen=SEQLEN, quick=False, only_heuristic=F
                     ("bwd_w16", dict(wide_epi=True, dq_first=False)),
                     ("bwd_dqf_w16", dict(dq_first=True, wide_epi=True)),
                     # and the dQ convert inside the main kernel (dq_convert: no third launch)
-                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True))):
+                    ("bwd_dqf_w16_dqc", dict(dq_first=True, wide_epi=True, dq_convert=True)),
+                    # the dQ convert a programmatic dependent of the main kernel, converting the pairs done on the
+                    # SMs the grid's end leaves idle (dq_tail: session 31)
+                    ("bwd_dqt", dict(dq_tail=1)), ("bwd_dqt2", dict(dq_tail=2)),
+                    ("bwd_dqt0", dict(dq_tail=0))):   # (without it, where the heuristic has it)
         if quick and key not in QUICK_BWD:
             continue
         cfg = fam.for_problem(heur.replace(**kw), p)
@@ -213,7 +217,8 @@ def masks_of(mask, quick):
     return {"causal": (True,), "full": (False,), "both": (True, False)}[mask or ("causal" if quick else "both")]
 
 
-def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False, features=FEATURES, bwd=True):
+def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False, features=FEATURES, bwd=True,
+                fwd_heuristic=False):
     """Every kernel this script launches (forward candidates, selection's plain forward and the
     backward of each feature), for precompile."""
     from cuflash import _gpu, select
@@ -223,7 +228,7 @@ def all_configs(seqlen=SEQLEN, quick=False, mask=None, only_heuristic=False, fea
     for causal in masks_of(mask, quick):
         for feature in (None,) + tuple(features):
             p = problem(feature, causal, seqlen)
-            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
+            cfgs += [c for _, _, c in fwd_candidates(feature, causal, seqlen, quick, only_heuristic or fwd_heuristic)]
             if bwd:
                 cfgs += [c for _, c in bwd_candidates(feature, causal, seqlen, quick, only_heuristic)]
             cfgs.append(select.choose(p, arch, name, smem)[1])
@@ -245,6 +250,8 @@ def main():
                     help="with --precompile: only tests/test_features_opt_gpu.py's kernels")
     ap.add_argument("--heuristic-only", action="store_true",
                     help="time the heuristic's configs only (no candidates): the shipped defaults")
+    ap.add_argument("--fwd-heuristic", action="store_true",
+                    help="the forward's heuristic only (the backward's candidates as --quick / not)")
     ap.add_argument("--features", default=",".join(FEATURES),
                     help=f"comma-separated features to time (default: all of {','.join(FEATURES)})")
     ap.add_argument("--mask", choices=("causal", "full", "both"), default=None,
@@ -277,9 +284,10 @@ def main():
         cfgs = tests
     elif args.precompile:
         cfgs = list(dict.fromkeys(all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only, features,
-                                              not args.no_bwd) + tests))
+                                              not args.no_bwd, args.fwd_heuristic) + tests))
     else:
-        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only, features, not args.no_bwd)
+        cfgs = all_configs(args.seqlen, args.quick, args.mask, args.heuristic_only, features, not args.no_bwd,
+                           args.fwd_heuristic)
     failed = [(c.name, e) for c, _, e in precompile(cfgs) if e]
     print(f"compiled {len(cfgs)} kernels; failed: {failed}")
     assert not failed, failed
@@ -303,7 +311,8 @@ def main():
         entries = {"plain": (None, "selection", None)}
         bwd_entries = {}     # forward + backward only: the heuristic forward, a backward variant
         for feature in features:
-            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
+            for key, label, cfg in fwd_candidates(feature, causal, s, args.quick,
+                                                  args.heuristic_only or args.fwd_heuristic):
                 entries[f"{feature}:{key}"] = (feature, label, cfg)
             for key, bcfg in bwd_candidates(feature, causal, s, args.quick, args.heuristic_only):
                 bwd_entries[f"{feature}:{key}"] = (feature, key, bcfg)

@@ -95,7 +95,8 @@ def test_heuristic_per_feature_set(monkeypatch):
             # the window heuristic's own is sm90_bwd.WINDOW_DQ_FIRST's)
             given = FAM.for_problem(plain_config(q), q).replace(dq_convert=False)
             if feats == ("window",):
-                given = given.replace(dq_first=(128, dtype) in sm90_bwd.WINDOW_DQ_FIRST)
+                given = given.replace(dq_first=(128, dtype) in sm90_bwd.WINDOW_DQ_FIRST,
+                                      dq_tail=sm90_bwd.WINDOW_DQ_TAIL.get((128, dtype, q.causal), 0))   # (session 31)
             if feats == ("softcap",):   # (the heuristic's folded softcap step, on the dynamic kernel: session 23)
                 given = sm90_bwd.with_cap_fold(given, q)
             assert on == given, (on.name, dtype)

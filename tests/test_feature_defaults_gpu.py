@@ -74,7 +74,8 @@ def bwd_config(name, features, causal):
     (session 14's measured window backward)."""
     cfg = default_configs(features, causal, "bwd")
     if name.endswith("_bwd_s3"):
-        cfg = cfg.replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False)
+        cfg = cfg.replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False,
+                          dq_tail=0)   # (dq_tail: the dynamic scheduler's)
         assert not cfg.problems(227 * 1024), cfg.problems()
     return cfg
 
@@ -99,6 +100,7 @@ def test_the_defaults_are_the_switched_ones():
         assert alibi.dynamic and alibi.alibi_lin
         bwd = default_configs(("window",), causal, "bwd")
         assert bwd.dynamic and bwd.ds_double and bwd.stages == 2 and bwd.dq_first and bwd.wide_epi
+        assert bwd.dq_tail == 2   # (session 31: the dQ convert in the grid's tail)
 
 
 @pytest.mark.parametrize("kernel", FORWARD, ids=[k[0] for k in FORWARD])

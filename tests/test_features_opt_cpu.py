@@ -442,7 +442,8 @@ def test_shipped_defaults_compile_without_spills():
     from cuflash.compile import nvcc_compile
 
     fwd, bwd = _default_configs()
-    bwd.append(bwd[0].replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False))
+    bwd.append(bwd[0].replace(stages=3, dynamic=False, ds_double=False, dq_early=False, dk_late=False, frag_pin=False,
+                              dq_tail=0))   # (dq_tail: the dynamic scheduler's)
     assert bwd[0].dynamic and bwd[0].ds_double and bwd[0].window
     jobs = [fwd[i:i + 4] for i in range(0, len(fwd), 4)] + [bwd[i:i + 4] for i in range(0, len(bwd), 4)]
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -188,9 +188,9 @@ def test_features_supported_and_set_by_the_call(feats):
         # (and the plain schedule fields, which a given config keeps where sm90_bwd.FEATURE_SCHED_BUILT
         # lists the feature set: tests/test_bwd_feature_sched_cpu.py)
         own["dq_early"] = own["dk_late"] = True
-        # (and, with a window alone, a given config's dq_first, wide_epi and dq_convert: session 21)
+        # (and, with a window alone, a given config's dq_first, wide_epi and dq_convert: session 21; dq_tail: 31)
         if feats == ("window",):
-            own["dq_first"] = own["wide_epi"] = own["dq_convert"] = True
+            own["dq_first"] = own["wide_epi"] = own["dq_convert"] = own["dq_tail"] = True
         # (and, with softcap alone, the heuristic's folded step with wide_epi: SOFTCAP_CAP_FOLD, session 23)
         if feats == ("softcap",):
             own["cap_fold"] = own["wide_epi"] = True

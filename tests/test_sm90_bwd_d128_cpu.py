@@ -58,17 +58,17 @@ def test_fields_names_template_encoding():
     assert plain.replace(dq_early=True, dk_late=True).kernel_name() == (plain.kernel_name()[:-1] + tail
                                                                         + ", false, true, false, true>")
     assert plain.replace(q_rotate=True, dq_early=True).template_args()[19:24] == (False, True, True, False, False)
-    assert len(plain.template_args()) == 30   # (kRoles, kDqConvert, kDqFirst, kWideEpi, kDropPacked, then kCapFold last)
+    assert len(plain.template_args()) == 31   # (kRoles, kDqConvert, kDqFirst, kWideEpi, kDropPacked, kCapFold, then kDqTail last)
     # frag_pin (kFragPin) after kDkLate
     pin = plain.replace(frag_pin=True)
     assert pin.name == plain.name + "_pin" and pin.problems() == [] and FAM.space["frag_pin"] == (False, True)
     assert pin.kernel_name() == plain.kernel_name()[:-1] + tail + ", false, false, false, false, true>"
-    assert pin.template_args()[-7] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
+    assert pin.template_args()[-8] is True and FAM.decode(FAM.encode(pin), "bf16", False) == pin
     assert "frag_pin" not in FAM.encode(plain)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
     assert ("bool kDsDouble = false,\n          bool kSAhead = false, bool kDqEarly = false, bool kQRotate = false, "
             "bool kDkLate = false,\n          bool kFragPin = false, bool kRoles = false, bool kDqConvert = false, "
-            "bool kDqFirst = false,\n          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>") in src
+            "bool kDqFirst = false,\n          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>") in src
     # a point from before the flags gets them off
     point = {k: v for k, v in FAM.point(plain).items() if k not in FLAGS + ("frag_pin",)}
     assert FAM.make(point, problem()) == FAM.make(FAM.point(plain), problem())

@@ -428,7 +428,7 @@ def test_roles_config(monkeypatch):
     cfg = D256.replace(dq_writer=True, roles=True)
     assert cfg.problems() == [] and cfg.name == "sm90bwd_bf16_d256_full_BM64_BN64_s2_c2_dqw_rol"
     assert cfg.kernel_name().endswith(", false, false, false, false, false, true>")
-    assert cfg.template_args()[-6] is True and len(cfg.template_args()) == len(D256.template_args())   # (kDqConvert, kDqFirst, kWideEpi, kDropPacked, kCapFold last)
+    assert cfg.template_args()[-7] is True and len(cfg.template_args()) == len(D256.template_args())   # (kDqConvert, kDqFirst, kWideEpi, kDropPacked, kCapFold, kDqTail last)
     cl = cfg.replace(cluster=True, causal=True)
     assert cl.problems() == [] and cl.kernel_name().endswith(", false, false, false, false, true, false>")
     assert cl.template_args()[-2:] == (True, False)

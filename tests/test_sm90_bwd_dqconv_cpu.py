@@ -56,7 +56,7 @@ def test_field_name_template():
     assert cfg.dq_convert and cfg.problems() == [] and cfg.name == base.name + "_dqc"
     # kDqConvert last: kRoles written out before it; the other kernels keep their name expressions
     assert cfg.kernel_name() == base.kernel_name()[:-1] + ", false, true>"
-    assert len(cfg.template_args()) == 30 and cfg.template_args()[-5] is True   # (kDqFirst, kWideEpi, kDropPacked, kCapFold last)
+    assert len(cfg.template_args()) == 31 and cfg.template_args()[-6] is True   # (kDqFirst, kWideEpi, kDropPacked, kCapFold, kDqTail last)
     d256 = dqc(problem(256, True))
     assert d256.roles and d256.kernel_name() == heur(problem(256, True)).kernel_name()[:-1] + ", true>"
     assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and "dq_convert" not in FAM.encode(base)

@@ -53,12 +53,12 @@ def test_field_name_template():
     assert cfg.dq_first and cfg.problems() == [] and cfg.name == base.name + "_dqf"
     # kDqFirst last: kRoles, kDqConvert written out before it; the other kernels keep their name expressions
     assert cfg.kernel_name() == base.kernel_name()[:-1] + ", false, false, true>"
-    assert len(cfg.template_args()) == 30 and cfg.template_args()[-4] is True   # (kWideEpi, kDropPacked, kCapFold last)
+    assert len(cfg.template_args()) == 31 and cfg.template_args()[-5] is True   # (kWideEpi, kDropPacked, kCapFold, kDqTail last)
     assert FAM.decode(FAM.encode(cfg), "bf16", False) == cfg and "dq_first" not in FAM.encode(base)
     assert "dq_first" not in FAM.space                  # outside the tuning space
     assert FAM.make(FAM.point(cfg), p) == FAM.make(FAM.point(base), p)
     src = (kernel_dir() / "sm90_bwd.cu").read_text()
-    assert "bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,\n          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0>" in src
+    assert "bool kRoles = false, bool kDqConvert = false, bool kDqFirst = false,\n          bool kWideEpi = false, int kDropPacked = 0, int kCapFold = 0, int kDqTail = 0>" in src
     pre = (kernel_dir() / "fa2_bwd.cu").read_text()
     assert "template <class Elem, bool kVarlen = false, bool kZeroDq = true>" in pre
     # the preprocess without the zeroing; the other kernels' names unchanged

@@ -104,7 +104,7 @@ def test_drop_packed_flag(monkeypatch):
         cfg = BWD.for_problem(heur.replace(drop_packed=form), p)
         assert cfg.drop_packed == form and cfg.name.endswith(suffix) and not cfg.problems(227 * 1024)
         assert cfg.kernel_name().endswith(f", {form}>")
-        assert cfg.template_args()[-2] == form   # (kCapFold last)
+        assert cfg.template_args()[-3] == form   # (kCapFold, kDqTail last)
         assert BWD.for_problem(cfg, p.replace(features=())).drop_packed == 0   # no dropout: off
         assert "drop_packed" not in BWD.encode(cfg.replace(drop_packed=0))
         for other in (("dropout", "window"), ("alibi", "dropout"), ("dropout", "softcap")):

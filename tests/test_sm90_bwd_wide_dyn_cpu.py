@@ -36,7 +36,7 @@ def heur(p):
 def test_names_and_template_args():
     w16 = ROLES.replace(wide_epi=True)
     assert w16.name == ROLES.name + "_w16" and w16.problems() == []
-    assert w16.template_args()[-3] is True and ROLES.template_args()[-3] is False   # (kDropPacked, kCapFold last)
+    assert w16.template_args()[-4] is True and ROLES.template_args()[-4] is False   # (kDropPacked, kCapFold, kDqTail last)
     assert w16.kernel_name().endswith(", true, false, false, true>")      # kRoles, kDqConvert, kDqFirst, kWideEpi
     dyn = ROLES.replace(dynamic=True)
     assert dyn.problems() == [] and dyn.name == "sm90bwd_bf16_d256_causal_BM64_BN64_s2_c2_dqw_dyn_rol"

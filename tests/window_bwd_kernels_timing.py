@@ -5,6 +5,11 @@ events, interleaved), for the plain call (selection's backward) and the window's
 
   heuristic  the window heuristic's backward (dq_first, wide_epi, dynamic; three launches)
   dqc        + dq_convert (the dQ convert inside the main kernel, at the grid's end)
+  dqt        + dq_tail (session 31: the dQ convert a programmatic dependent of the main kernel, converting the
+             pairs done on the SMs the grid's end leaves idle; its kernel time includes its waits)
+  dqt0       without dq_tail (the heuristic's where it sets it: sm90_bwd WINDOW_DQ_TAIL)
+  dqt2       + dq_tail 2 (the writer counts a tile behind the next tile's first Q block: no wait at the boundary)
+  plain_dqt2 the plain call's backward (selection's) + dq_tail 2
   (session 23 also timed cve, convert_early: dq_convert's jobs by ticket at the dynamic loop's tile
   boundaries, on wip/win5 at 2ef362d: slower, not merged)
 
@@ -31,7 +36,8 @@ from cuflash import registry  # noqa: E402
 from cuflash.problem import Problem  # noqa: E402
 
 BATCH, SEQLEN, HEADS, HEAD_DIM = 2, 8192, 16, 128
-VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True)}
+VARIANTS = {"heuristic": {}, "dqc": dict(dq_convert=True), "dqt": dict(dq_tail=1), "dqt2": dict(dq_tail=2),
+            "dqt0": dict(dq_tail=0)}
 
 
 def problem(causal, window=None):
@@ -39,8 +45,9 @@ def problem(causal, window=None):
     return p.replace(features=("window",), window=window) if window else p
 
 
-def configs():
-    """{(mask, variant): (causal, window, config)}: the window variants and the plain call's backward."""
+def configs(variants=None):
+    """{(mask, variant): (causal, window, config)}: the window variants (VARIANTS, or those named) and the
+    plain call's backward (and plain_dqt2 when dqt2 is named)."""
     from cuflash import _gpu, select
 
     fam = registry.get("sm90_bwd")
@@ -50,18 +57,24 @@ def configs():
         p = problem(causal, window)
         heur = fam.for_problem(fam.heuristic(p), p)
         for key, kw in VARIANTS.items():
+            if variants and key not in variants:
+                continue
             cfg = fam.for_problem(heur.replace(**kw), p)
-            if not cfg.problems():
+            if not cfg.problems() and (key == "heuristic" or cfg != heur):
                 out[(mask, key)] = (causal, window, cfg)
-        out[(mask, "plain")] = (causal, None, select.choose(problem(causal), _gpu.arch(), _gpu.name(),
-                                                            _gpu.max_smem())[1])
+        plain = select.choose(problem(causal), _gpu.arch(), _gpu.name(), _gpu.max_smem())[1]
+        out[(mask, "plain")] = (causal, None, plain)
+        if plain.family == "sm90_bwd" and (not variants or "dqt2" in variants):
+            pdqt = fam.for_problem(plain.replace(dq_tail=2), problem(causal))
+            if pdqt.dq_tail and not pdqt.problems():
+                out[(mask, "plain_dqt2")] = (causal, None, pdqt)
     return out
 
 
 def role(name):
     if "preprocess" in name:
         return "pre"
-    if "convert" in name:
+    if "convert" in name or "dq_tail" in name:
         return "convert"
     if "sm90_bwd<" in name or "fa2_bwd<" in name:
         return "main"
@@ -72,6 +85,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--variants", default="", help="comma-separated VARIANTS keys (default: all)")
+    ap.add_argument("--no-precompile", action="store_true", help="the kernels are compiled already")
     args = ap.parse_args()
 
     import torch
@@ -81,8 +96,9 @@ def main():
     from cuflash.compile import precompile
     from cuflash.timing import time_interleaved
 
-    cfgs = configs()
-    failed = [(c.name, e) for c, _, e in precompile([c for _, _, c in cfgs.values()]) if e]
+    cfgs = configs(tuple(v for v in args.variants.split(",") if v))
+    failed = [] if args.no_precompile else [(c.name, e) for c, _, e in precompile([c for _, _, c in cfgs.values()])
+                                            if e]
     print("failed compiles:", failed, flush=True)
     rows = []
     torch.manual_seed(0)

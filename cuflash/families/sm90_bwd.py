@@ -207,6 +207,18 @@ DYNAMIC_FEATURES = frozenset({("window",)})
 WINDOW_DQ_FIRST: frozenset = frozenset({(128, "bf16")})
 WINDOW_WIDE_EPI: frozenset = frozenset({(128, "bf16")})
 WINDOW_DQ_CONVERT: frozenset = frozenset()
+# * WINDOW_DQ_TAIL: dq_tail's form by (kernel head dim, dtype, causal) (session 31: the dQ convert as a
+#   programmatic dependent of the dynamic main kernel, sm90_bwd_dq_tail, whose CTAs convert the pairs whose K/V
+#   tiles are done on the SMs the grid's end leaves idle). H200 (results/NVIDIA_H200/logs/session31_win5), bf16
+#   d128 2 x 16 heads x 8k, window 1024 x 1024 / (1024, 0) causal, the backward alone, ms, without -> form 1 /
+#   form 2: round 1 (an earlier convert kernel, two barriers a job; tests/features_overhead_timing.py --bwd-pass)
+#   full 1.410 -> 1.381, causal 0.854 -> 0.873; round 2 (tests/window_bwd_kernels_timing.py) full 1.378 -> 1.347
+#   / 1.344, causal 0.807 -> 0.805 / 0.808; round 3, features timing: full 1.372 -> 1.345 / 1.345 (forward +
+#   backward 1.982 -> 1.960 / 1.960), causal 0.870 -> 0.862 / 0.860 (1.216 -> 1.213 / 1.207); round 3, per-kernel
+#   timing: full 1.385 -> 1.356 / 1.356, causal 0.814 -> 0.809 / 0.802. The full window's 34-Q-block tiles leave
+#   a long tail of idle SMs; the causal grid ends on the last pair's short tiles (a K/V block near the sequence's
+#   end sees few Q blocks), so less of its convert hides (~1%). Form 2 on for both.
+WINDOW_DQ_TAIL: dict = {(128, "bf16", False): 2, (128, "bf16", True): 2}
 # The feature backward with the plain call's schedule (issue 12 / 14: a feature's backward at the plain
 # call's speed). FEATURE_SCHED_FLAGS are the plain heuristic's schedule fields (the dynamic scheduler,
 # two dS buffers, the dQ GEMM early, dK late, Pᵀ's fragments pinned); FEATURE_SCHED_BUILT the feature
@@ -483,6 +495,8 @@ SOFTCAP_WIDE_EPI: frozenset = frozenset({(128, True, "bf16")})
 SOFTCAP_CAP_FOLD: dict = {(128, True, "bf16"): 3, (128, False, "bf16"): 3}
 DQ_CONVERT_ROWS = 256    # Sm90BwdDqQueue::kRows
 DQ_CONVERT_QUEUES = 16   # Sm90BwdDqQueue::kQueues
+DQ_TAIL_THREADS = 256    # Sm90BwdDqTail::kThreads
+DQ_TAIL_CTAS_PER_SM = 2  # Sm90BwdDqTail::kCtasPerSm
 # Whether selection prefers this family's dropout kernels (at head dims 97..128, as rank() does
 # for the rest): on since tests/test_sm90_bwd_features_gpu.py's dropout tests passed on an H100
 # (off: fa2_bwd runs dropout backwards unless bwd_config= forces this family).
@@ -670,6 +684,13 @@ class Sm90BwdConfig(KernelConfig):
                    by the words in 16 bits (HMUL2, dSᵀ rounded twice; bf16 only); 3 as 2 with a quarter of the
                    exp2s on the FMA pipes (exp2_emu.cuh, bf16 only). Softcap without ALiBi or dropout (name
                    _cf1, _cf2, _cf3); the heuristic sets it from SOFTCAP_CAP_FOLD, never tuned
+    dq_tail:       the dQ convert as sm90_bwd_dq_tail, launched as a programmatic dependent of the main kernel
+                   (kDqTail): its CTAs take the SMs the dynamic scheduler leaves idle at the grid's end and
+                   convert the (head, batch) pairs whose K/V tiles are done while the last tiles run; the
+                   writer counts each tile once its bulk additions have completed, 1 at the tile's end, 2
+                   behind the next tile's first Q block. With dq_writer on the dynamic scheduler, fixed
+                   lengths, unordered, not with dq_convert (name _dqt, _dqt2); plain or windowed calls
+                   (for_problem drops it for others); the heuristic sets it from WINDOW_DQ_TAIL, never tuned
     """
 
     BM: int
@@ -703,6 +724,7 @@ class Sm90BwdConfig(KernelConfig):
     wide_epi: bool = False
     drop_packed: int = 0
     cap_fold: int = 0
+    dq_tail: int = 0
 
     family = "sm90_bwd"
     _what = "sm90 backward"
@@ -725,7 +747,8 @@ class Sm90BwdConfig(KernelConfig):
                 f"{'_dkl' if self.dk_late else ''}{'_pin' if self.frag_pin else ''}{'_rol' if self.roles else ''}"
                 f"{'_dqc' if self.dq_convert else ''}{'_dqf' if self.dq_first else ''}{'_w16' if self.wide_epi else ''}"
                 f"{'_dpk' if self.drop_packed == 1 else f'_dpk{self.drop_packed}' if self.drop_packed else ''}"
-                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}")
+                f"{f'_cf{self.cap_fold}' if self.cap_fold else ''}"
+                f"{'_dqt' if self.dq_tail == 1 else f'_dqt{self.dq_tail}' if self.dq_tail else ''}")
 
     @property
     def shared_keys(self) -> bool:
@@ -914,7 +937,8 @@ class Sm90BwdConfig(KernelConfig):
                     + (f", {b(self.roles)}, {b(self.s_ahead)}" if self.roles or self.s_ahead else "") + ">")
         # the feature flags only when one is set: a plain config keeps its name expression
         tail = (self.s_ahead or self.dq_early or self.q_rotate or self.dk_late or self.frag_pin or self.roles
-                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold)
+                or self.dq_convert or self.dq_first or self.wide_epi or self.drop_packed or self.cap_fold
+                or self.dq_tail)
         sched = (self.overlap_sdp or self.dq_writer or self.varlen or self.lpt or self.dynamic or self.ds_double
                  or tail)
         feats = (template_suffix(self) if any(getattr(self, f) for f in KERNEL_FLAGS) or self.dropout
@@ -928,7 +952,7 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dynamic)}" if self.dynamic or self.ds_double or tail else ""    # kDynamic
         feats += f", {b(self.ds_double)}" if self.ds_double or tail else ""                  # kDsDouble
         feats += f", {b(self.s_ahead)}, {b(self.dq_early)}" if tail else ""                  # kSAhead, kDqEarly
-        last = self.drop_packed or self.cap_fold
+        last = self.drop_packed or self.cap_fold or self.dq_tail
         later2 = (self.dk_late or self.frag_pin or self.roles or self.dq_convert or self.dq_first or self.wide_epi
                   or last)
         later3 = self.roles or self.dq_convert or self.dq_first or self.wide_epi or last
@@ -941,7 +965,8 @@ class Sm90BwdConfig(KernelConfig):
         feats += f", {b(self.dq_first)}" if self.dq_first or self.wide_epi or last else ""   # kDqFirst
         feats += f", {b(self.wide_epi)}" if self.wide_epi or last else ""                     # kWideEpi
         feats += f", {int(self.drop_packed)}" if last else ""                                 # kDropPacked
-        feats += f", {int(self.cap_fold)}" if self.cap_fold else ""                           # kCapFold last
+        feats += f", {int(self.cap_fold)}" if self.cap_fold or self.dq_tail else ""           # kCapFold
+        feats += f", {int(self.dq_tail)}" if self.dq_tail else ""                             # kDqTail last
         return (f"cuflash::sm90_bwd<{self.BM}, {self.BN}, {self.stages}, {self.consumers}, "
                 f"{self.head_dim}, cuflash::{self.dtype}, {b(self.causal)}, {b(self.deterministic)}{feats}>")
 
@@ -953,7 +978,8 @@ class Sm90BwdConfig(KernelConfig):
                 self.causal, self.deterministic, self.window, self.softcap, self.alibi, self.dropout,
                 self.dq_bulk, self.overlap_sdp, self.dq_writer, self.varlen, self.lpt, self.dynamic,
                 self.ds_double, self.s_ahead, self.dq_early, self.q_rotate, self.dk_late, self.frag_pin,
-                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold))
+                self.roles, self.dq_convert, self.dq_first, self.wide_epi, int(self.drop_packed), int(self.cap_fold),
+                int(self.dq_tail))
 
     def _problems(self) -> list[str]:
         out = []
@@ -1078,6 +1104,13 @@ class Sm90BwdConfig(KernelConfig):
                        "fixed-length unordered calls (no deterministic, varlen, softcap, ALiBi, dropout, cluster) of "
                        "the head dim 128 tile with the dynamic scheduler or the head_dim=256 tile with roles "
                        "(at head dim 64 ptxas spills the bf16 non-causal kernel, 8 bytes, nvcc 13.0)")
+        if self.dq_tail not in (0, 1, 2) or (self.dq_tail and (
+                not self.dq_writer or not self.dynamic or self.dq_convert or self.deterministic or self.varlen
+                or self.cluster)):
+            # (the in-kernel convert's name is not in this message: for_problem keeps that one and drops dq_tail)
+            out.append("dq_tail (0, 1 or 2): the dQ convert as a programmatic dependent of the main kernel, with "
+                       "dq_writer on the dynamic scheduler, for fixed-length unordered calls (no deterministic, varlen "
+                       "or cluster; not with the convert inside the main kernel)")
         if self.dq_first and (not self.dq_writer or self.deterministic or self.varlen or self.cluster
                               or self.BM % 64):
             out.append("dq_first: the dQ accumulator zeroed in the main kernel (no zeroing preprocess), with "
@@ -1211,6 +1244,8 @@ class Sm90Backward(Family):
     # fa2_bwd's kernels (reused) take the BwdParams prefix of the same buffer
     kernel_param_decls = {"preprocess": "const cuflash::BwdParams", "convert_dq": "const cuflash::BwdParams",
                           "reduce_dkv": "const cuflash::BwdParams"}
+    # (dq_tail's convert, sm90_bwd_dq_tail, takes the whole struct: it reads the tile counters)
+    kernel_param_decls_by_kernel = {"cuflash::sm90_bwd_dq_tail": "const __grid_constant__ cuflash::Sm90BwdParams"}
     pointer_fields = FA2Backward.pointer_fields
     min_arch = (9, 0)
     arch_suffix = "a"
@@ -1444,6 +1479,9 @@ class Sm90Backward(Family):
         if config.wide_epi and (problem.features not in ((), ("window",), ("softcap",))
                                 or any("wide_epi" in w for w in config.problems())):
             config = config.replace(wide_epi=False)    # a speed choice: plain (or windowed) fixed-length unordered calls
+        if config.dq_tail and (problem.features not in ((), ("window",))
+                               or any("dq_tail" in w for w in config.problems())):
+            config = config.replace(dq_tail=0)         # a speed choice: plain (or windowed) calls, dynamic scheduler
         if config.cap_fold and any("cap_fold" in w for w in config.problems()):
             config = config.replace(cap_fold=0)        # the folded softcap step is built for softcap alone
         return with_drop_packed(config)
@@ -1463,7 +1501,7 @@ class Sm90Backward(Family):
                 if k not in ("dropout", "varlen")
                 and not (k in ("lpt", "dynamic", "ds_double", "cluster", "s_ahead", "dq_early", "q_rotate", "dk_late",
                                "frag_pin", "roles", "dq_convert", "dq_first", "wide_epi", "drop_packed",
-                               "cap_fold")
+                               "cap_fold", "dq_tail")
                          and not v))
 
     def make(self, point, problem: Problem):
@@ -1476,8 +1514,8 @@ class Sm90Backward(Family):
         # s_ahead left the space (refused: serialized); a recorded point that has it keeps its value
         # (True: a config that problems() refuses)
         # (dq_convert likewise while it is outside the space)
-        out = {k: bool(point.get(k, False)) for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi")
-               if k not in self.space}
+        out = {k: (int(point.get(k, 0)) if k == "dq_tail" else bool(point.get(k, False)))
+               for k in ("s_ahead", "dq_convert", "dq_first", "wide_epi", "dq_tail") if k not in self.space}
         cfg = super().make({k: v for k, v in point.items() if k not in out}, problem)
         return cfg.replace(**{k: v for k, v in out.items() if v}) if any(out.values()) else cfg
 
@@ -1574,6 +1612,10 @@ class Sm90Backward(Family):
         wdqc = cfg.replace(dq_convert=True)
         if feats == ("window",) and (d, dtype) in WINDOW_DQ_CONVERT and not det and not wdqc.problems():
             cfg = wdqc                                  # (the dynamic kernel's: first_fitting may drop dynamic)
+        wdqt = cfg.replace(dq_tail=WINDOW_DQ_TAIL.get((d, dtype, causal), 0))
+        if (feats == ("window",) and wdqt.dq_tail and not det and not is_varlen(problem)
+                and not wdqt.problems()):
+            cfg = wdqt                                  # (for_problem drops it where the grid is not dynamic)
         if feats in FEATURE_SCHED.get((d, dtype), ()) and not det and not is_varlen(problem):
             # the plain call's schedule fields on top (FEATURE_SCHED: measured per feature set)
             plain_cfg = self.heuristic(problem.replace(features=()), arch, max_smem)
@@ -1588,9 +1630,12 @@ class Sm90Backward(Family):
         targs = f"cuflash::{config.dtype}" + (", true" if config.varlen else "")   # fa2_bwd's kVarlen
         # dq_first: the preprocess without the accumulator's zeroing (kZeroDq false; never varlen)
         pre = f"cuflash::{config.dtype}, false, false" if config.dq_first else targs
+        # dq_tail: sm90_bwd_dq_tail in convert_dq's place (its dQ convert as the main kernel's dependent)
+        convert = (f"cuflash::sm90_bwd_dq_tail<cuflash::{config.dtype}, {config.BN}>" if config.dq_tail
+                   else f"cuflash::fa2_bwd_convert_dq<{targs}>")
         return {"main": config.kernel_name(),
                 "preprocess": f"cuflash::fa2_bwd_preprocess<{pre}>",
-                "convert_dq": f"cuflash::fa2_bwd_convert_dq<{targs}>",
+                "convert_dq": convert,
                 "reduce_dkv": f"cuflash::fa2_bwd_reduce_dkv<{targs}>"}
 
     def workspace(self, config, problem: Problem, strides: Optional[dict] = None) -> dict:
@@ -1622,7 +1667,9 @@ class Sm90Backward(Family):
                # per SM (one fits an SM), at most one per tile, claiming tiles
                LaunchSpec("main", (min(tiles, sm_count) if config.dynamic else tiles, 1, 1), config.threads,
                           config.smem_bytes)]
-        if not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
+        if config.dq_tail:   # two CTAs an SM, a programmatic dependent of the main kernel (Sm90BwdDqTail)
+            out.append(LaunchSpec("convert_dq", (DQ_TAIL_CTAS_PER_SM * sm_count, 1, 1), DQ_TAIL_THREADS, pdl=True))
+        elif not config.dq_convert:   # (dq_convert: the main kernel converts dQ itself)
             out.append(LaunchSpec("convert_dq", (-(-p.seqlen_q * per_row // EPILOGUE_THREADS), p.nheads, p.batch),
                                   EPILOGUE_THREADS))
         if p.nheads != p.nheads_kv:
@@ -1650,6 +1697,8 @@ class Sm90Backward(Family):
         if config.dq_convert:   # + the dQ convert's queue head, tail, per-pair counts and job slots (Sm90BwdDqQueue)
             pairs, chunks, q = problem.batch * problem.nheads, -(-problem.seqlen_q // DQ_CONVERT_ROWS), DQ_CONVERT_QUEUES
             return {"tile_counter": 2 + 2 * q + pairs + q * (-(-pairs // q) * chunks)}
+        if config.dq_tail:      # + the convert's ticket, its finished CTAs and the per-pair tile counts (Sm90BwdDqTail)
+            return {"tile_counter": 3 + problem.batch * problem.nheads}
         return {"tile_counter": 1} if config.dynamic else {}
 
     def call_writer(self, config, problem: Problem, strides: dict, struct):
