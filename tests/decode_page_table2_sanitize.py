@@ -15,10 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-
-from decode_page_shift_sanitize import paged  # noqa: E402
-from cuflash.decode import kvcache_with_config  # noqa: E402
+from decode_page_shift_sanitize import run_calls  # noqa: E402
 from cuflash.families.decode_splitkv import DecodeConfig  # noqa: E402
 
 BASE = DecodeConfig(8, 16, 3, 1, 4, 128, "bf16", False, regs=1, early_merge=True, pdl=1, regs_page_table=2)
@@ -26,29 +23,7 @@ CONFIGS = [BASE.replace(regs_page_shift=1), BASE, BASE.replace(regs_page_shift=1
 
 
 def main() -> int:
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    calls = 0
-    q1 = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k1, v1 = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    q3 = torch.randn(3, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k3, v3 = (torch.randn(3, 3008, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    lens3 = torch.tensor([3000, 0, 17], device="cuda", dtype=torch.int32)
-    pad3 = torch.tensor([5, 0, 3], device="cuda", dtype=torch.int32)
-    quick = "--quick" in sys.argv
-    for cfg in CONFIGS[:1] if quick else CONFIGS:
-        for page in (16, 256):
-            kp, vp, table = paged(k1, v1, page, gen)
-            for n in (8192,) if quick else (8192, 3001, 0):
-                for splits in (0,) if quick else (0, 1):
-                    kvcache_with_config(cfg, q1, kp, vp, block_table=table, num_splits=splits,
-                                        cache_seqlens=torch.tensor([n], device="cuda", dtype=torch.int32))
-                    calls += 1
-        kp, vp, table = paged(k3, v3, 16, gen)
-        kvcache_with_config(cfg, q3, kp, vp, block_table=table, cache_seqlens=lens3, cache_leftpad=pad3, num_splits=3)
-        calls += 1
-    torch.cuda.synchronize()
-    print(f"decode_page_table2_sanitize: {calls} calls")
-    return 0
+    return run_calls(CONFIGS, "--quick" in sys.argv, "decode_page_table2_sanitize")
 
 
 if __name__ == "__main__":
