@@ -132,3 +132,19 @@ def test_ptxas_clean(tmp_path):
     block = out[out.index("sm90_bwd_dq_tail"):]
     regs = int(re.search(r"Used (\d+) registers", block).group(1))
     assert "0 bytes spill stores, 0 bytes spill loads" in block and regs <= 128, block[:400]
+
+
+def test_window_default_takes_dq_tail_at_padded_head_dims():
+    """What test_bwd_dq_tail_gpu.test_window_padded_head_dims relies on: the bf16 window backward's heuristic
+    takes dq_tail 2 on the d128 kernel for real head dims 80 / 96 / 112 (GQA, MQA, both masks)."""
+    from cuflash import registry
+    from cuflash.problem import Problem
+
+    fam = registry.get("sm90_bwd")
+    for d in (80, 96, 112):
+        for causal, window in ((True, (300, 0)), (False, (200, 64))):
+            for sq, hkv in ((1023, 4), (113, 1)):
+                p = Problem("bwd", "bf16", 2, sq, 1023, 16, hkv, d, causal).replace(
+                    features=("window",), window=window)
+                cfg = fam.for_problem(fam.heuristic(p, (9, 0)), p)
+                assert cfg.dq_tail == 2 and cfg.name.startswith("sm90bwd_bf16_d128"), cfg.name

@@ -113,3 +113,26 @@ def test_window_cuda_graph(causal):
         torch.cuda.synchronize()
         for name, a, b in zip(("dq", "dk", "dv"), got, want):
             assert torch.equal(a, b), f"window={window} {name}: CUDA-graph replay differs from the eager call"
+
+
+@pytest.mark.parametrize("hdim", [80, 96, 111])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_window_padded_head_dims(causal, hdim):
+    """WINDOW_DQ_TAIL keys on the kernel head dim, so real head dims 72..128 run the d128 kernel with dq_tail:
+    the convert at a padded head dim (the caller's columns only), GQA and MQA, within the 3x rule. The
+    default route (the heuristic takes dq_tail 2 at these shapes; checked on the CPU in test_bwd_dq_tail_cpu)."""
+    import torch
+
+    window = (300, 0) if causal else (200, 64)
+    scale = hdim ** -0.5
+    for sq, sk, heads in [(1023, 1023, "gqa"), (113, 1023, "mqa")]:
+        q, k, v, dout = inputs(2, sq, sk, heads, hdim, "bf16")
+        ref = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
+                                                      torch.float64)[0], q, k, v, dout.double())
+        low = grads(lambda q, k, v: feature_attention(q, k, v, scale, causal, window, 0.0, None,
+                                                      q.dtype)[0], q, k, v, dout)
+        ours = grads(lambda q, k, v: cuflash.flash_attn_func(q, k, v, causal=causal, window_size=window),
+                     q, k, v, dout)
+        for name, a, r, b in zip(("dq", "dk", "dv"), ours, ref, low):
+            assert a.shape == r.shape, f"d{hdim} {name}: shape {tuple(a.shape)}"
+            check_close(a, r, b, 3, f"d{hdim} window={window} {sq}x{sk} {heads} {name}")
