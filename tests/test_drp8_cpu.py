@@ -85,7 +85,7 @@ def test_timing_forms_are_refused_unless_asked(monkeypatch):
         c = fwd.replace(drop_early=form)
         assert not c.problems(MAX) and c.name.endswith(f"_dpe{form}") and c.template_args()[26] == form and c.kernel_name().endswith(f", {form}>")
     c = bwd.replace(drop_packed=3)
-    assert not c.problems(MAX) and c.name.endswith("_dpk3") and c.template_args()[-2] == 3
+    assert not c.problems(MAX) and c.name.endswith("_dpk3") and c.template_args()[-3] == 3
     assert not bwd.replace(drop_packed=3, **{k: True for k in FIELDS}).problems(MAX)
 
 
