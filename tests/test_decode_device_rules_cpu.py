@@ -167,7 +167,8 @@ def test_shipped_h200_paged_rule(monkeypatch):
 def test_shipped_h200_paged_batch1_rule():
     """The H200's paged batch-1 rule (session 31, dec28, issue 13): one batch row of at most 8192 keys in pages stages
     the whole table row (regs_page_table 2) on the paged batch-1 config, at pages 16 and 256 (call_config keeps it at
-    large pages, where the table alone (1) is dropped); 16k keys, batch 2, contiguous caches and the H100 are untouched,
+    large pages, where the table alone (1) is dropped); 16k keys, batch 2, contiguous caches, the H100 and calls
+    other than the measured bf16 d 128 32:8 one-row class are untouched,
     and a row of more than REGS_PAGE_IDS pages (a given config raises naming block_table) falls back to 1."""
     select.clear_cache()
 
@@ -185,6 +186,13 @@ def test_shipped_h200_paged_batch1_rule():
         assert not choose(b, ctx, True, H200).regs_page_table, (b, ctx)
     assert choose(1, 8192, False, H200) == choose(1, 8192, False, H100)
     assert choose(1, 8192, True, H100).regs_page_table != 2
+    # only what was measured (bf16, d 128, 32:8 heads, one query row): fp16, other head layouts, d 64 and two
+    # query rows keep the H200's paged rule (the table off)
+    for other in (_p(1, 8192, True).replace(dtype="fp16"), _p(1, 8192, True).replace(nheads=8),
+                  _p(1, 8192, True).replace(nheads=32, nheads_kv=32), _p(1, 8192, True, d=64),
+                  _p(1, 8192, True).replace(seqlen_q=2)):
+        got = select.choose(other, CC, H200, SMEM, family="decode_splitkv")[1]
+        assert got.regs_page_table != 2, (other, got.name)
     cfg = choose(1, 8192, True, H200)
     big = _p(1, 16 * (mod.REGS_PAGE_IDS + 1), True)
     assert FAM.call_config(cfg, big, CC, 16, chosen=True, heuristic=True).regs_page_table == 1

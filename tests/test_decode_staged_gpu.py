@@ -218,4 +218,6 @@ def test_batch1_paged_rule(monkeypatch, case, splits):
     check_case(case, splits)
     _ran_shipped()
     if __import__("test_decode_gpu")._torch().cuda.get_device_name() == "NVIDIA H200":   # its table's batch-1 rule
-        assert all(e.plan.config.regs_page_table == 2 for e in decode._gpu_plans.values() if e.plan is not None)
+        measured = case[1] == 1 and case[3:7] == (32, 8, 128, "bf16")   # the class it was timed on, and only that
+        tables = [e.plan.config.regs_page_table for e in decode._gpu_plans.values() if e.plan is not None]
+        assert tables and all((t == 2) == measured for t in tables), (case, tables)
