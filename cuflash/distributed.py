@@ -450,6 +450,11 @@ _LATER_ROLES = ("main", "reduce_dkv")
 _acc_plans: dict = {}
 
 
+# The backward fields an accumulating ring plan turns off: each would convert or zero dQ inside one launch
+# (dq_first, dq_convert) or behind it (dq_tail), where the ring adds several launches into one dQ.
+_ACC_OFF = ("dq_first", "dq_convert", "dq_tail")
+
+
 def _acc_plan(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic: bool):
     """The backward plan of one ring block call that adds into a dQ accumulator (DQ_IN_WORKSPACE):
     the config selection picks, with dq_first and dq_convert off; None where the call runs no
@@ -463,14 +468,13 @@ def _acc_plan(dout, q, k, v, out, lse, scale: float, causal: bool, deterministic
             cfg = select.choose_on_device(problem, q.device.index)[1]
             # (dq_tail: its convert, a programmatic dependent, waits for counts that the ring's repeated main
             # launches would have passed already)
-            flags = {f: False for f in ("dq_first", "dq_convert", "dq_tail") if getattr(cfg, f, False)}
+            flags = {f: False for f in _ACC_OFF if getattr(cfg, f, False)}
             plan = torch_ops._bwd_verdict(dout, q, k, v, out, lse, scale, causal, deterministic,
                                           cfg.replace(**flags) if flags else None)
         except (ValueError, TypeError, select.UnsupportedProblem):
             plan = None
         if plan.__class__ is str or plan is None or "dout_copy" in plan.workspace_offsets or \
-                getattr(plan.config, "dq_first", False) or getattr(plan.config, "dq_convert", False) or \
-                getattr(plan.config, "dq_tail", False):
+                any(getattr(plan.config, f, False) for f in _ACC_OFF):
             plan = None
         _acc_plans[key] = plan
     plan = _acc_plans[key]
